@@ -1,0 +1,55 @@
+# dsproxy build and test entry points. `make test` is what CI runs (.ci/run).
+GO        ?= go
+STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
+PKGS      := ./...
+BIN       := bin
+
+.PHONY: all build test test-unit test-netns fuzz bench lint deps demo clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/dsproxy ./cmd/dsproxy
+
+# Everything CI checks: lint, unit tests with the race detector, fuzz smoke runs,
+# benchmark smoke runs, and the root-only kernel tests in network namespaces.
+test: lint test-unit fuzz-smoke bench-smoke test-netns
+
+test-unit:
+	$(GO) test -race -count=1 $(PKGS)
+
+# Root-only tests: each creates its own network namespaces and removes them.
+test-netns:
+	$(GO) test -count=1 -tags netns -p 1 ./test/netns/... ./pkg/...
+
+FUZZTIME ?= 10s
+FUZZ_TARGETS := ./pkg/endpointslice:FuzzIngest ./pkg/model:FuzzServicePorts \
+	./pkg/nodeip:FuzzParseNodeIP ./pkg/nodeport:FuzzRegistryUpdate
+
+fuzz-smoke:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$pkg $$fn"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
+
+bench-smoke:
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./bench/... ./pkg/...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./bench/... ./pkg/...
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+	$(GO) vet $(PKGS)
+	$(GO) vet -tags netns $(PKGS)
+	$(STATICCHECK) $(PKGS)
+
+deps:
+	hack/install-deps.sh
+
+demo: build
+	hack/demo.sh
+
+clean:
+	rm -rf $(BIN)

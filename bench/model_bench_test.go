@@ -1,0 +1,117 @@
+package bench
+
+import (
+	"fmt"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
+)
+
+var sizes = []int{1000, 10000, 30000}
+
+// familyModel is the pure part of one family proxier: trackers and desired state.
+type familyModel struct {
+	f     *family.Family
+	svcs  *model.ServiceTracker
+	eps   *endpointslice.Cache
+	sm    model.ServiceMap
+	em    model.EndpointsMap
+	state *model.State
+	node  model.NodeInfo
+}
+
+func newFamilyModel(f *family.Family, node string) *familyModel {
+	return &familyModel{f: f, svcs: model.NewServiceTracker(f), eps: endpointslice.NewCache(f, node),
+		sm: model.ServiceMap{}, em: model.EndpointsMap{}, state: model.NewState(), node: model.NodeInfo{Name: node}}
+}
+
+func (m *familyModel) sync(full bool) []model.ServicePortName {
+	changed := m.svcs.Checkout(m.sm, full)
+	for nn := range m.eps.Checkout(m.em, full) {
+		changed[nn] = true
+	}
+	return m.state.Update(m.sm, m.em, m.node, changed, full)
+}
+
+type objects struct {
+	svcs   []*v1.Service
+	slices map[*family.Family][]*discovery.EndpointSlice
+}
+
+func generate(w Workload) objects {
+	o := objects{slices: map[*family.Family][]*discovery.EndpointSlice{}}
+	for i := range w.Services {
+		o.svcs = append(o.svcs, w.Service(i))
+		for _, f := range family.All {
+			o.slices[f] = append(o.slices[f], w.Slice(f, i, w.EndpointsPerFamily))
+		}
+	}
+	return o
+}
+
+// BenchmarkSnapshotToState measures turning a dual-stack cluster snapshot (Services
+// and EndpointSlices as the informers deliver them) into the desired state of both
+// families: ingestion, validation, merging, endpoint selection.
+func BenchmarkSnapshotToState(b *testing.B) {
+	for _, n := range sizes {
+		w := Workload{Services: n, EndpointsPerFamily: 10, NodePortEvery: 4, NodeName: "node-0"}
+		o := generate(w)
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				for _, f := range family.All {
+					m := newFamilyModel(f, w.NodeName)
+					for i, s := range o.svcs {
+						m.svcs.Update(nil, s)
+						m.eps.Update(o.slices[f][i])
+					}
+					if got := len(m.sync(true)); got != n {
+						b.Fatalf("%s: %d ports changed, want %d", f, got, n)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e6, "ms/snapshot")
+		})
+	}
+}
+
+// BenchmarkOneEndpointUpdate measures the pure part of a sync after one endpoint of
+// one Service is added or removed, in a cluster of n dual-stack Services: slice
+// ingestion, checkout and the state update that yields the one changed port.
+func BenchmarkOneEndpointUpdate(b *testing.B) {
+	for _, n := range sizes {
+		w := Workload{Services: n, EndpointsPerFamily: 10, NodePortEvery: 4, NodeName: "node-0"}
+		o := generate(w)
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			f := family.IPv6
+			m := newFamilyModel(f, w.NodeName)
+			for i, s := range o.svcs {
+				m.svcs.Update(nil, s)
+				m.eps.Update(o.slices[f][i])
+			}
+			m.sync(true)
+			target := n / 2
+			grown, shrunk := w.Slice(f, target, 11), o.slices[f][target]
+			want := model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "bench", Name: o.svcs[target].Name}, Port: "http", Protocol: v1.ProtocolTCP}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				es := grown
+				if i%2 == 1 {
+					es = shrunk
+				}
+				i++
+				m.eps.Update(es)
+				if got := m.sync(false); len(got) != 1 || got[0] != want {
+					b.Fatalf("changed %v, want [%v]", got, want)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,204 @@
+package endpointslice
+
+import (
+	"slices"
+	"sync"
+
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
+)
+
+// Cache tracks the EndpointSlices of one family. Update and Delete may be called from
+// any goroutine; Checkout, which applies what changed to an EndpointsMap, is called
+// by the one goroutine that owns that map.
+type Cache struct {
+	family   *family.Family
+	nodeName string
+
+	mu        sync.Mutex
+	byService map[types.NamespacedName]*serviceSlices
+	// owner maps a slice's namespace/name to the Service it was last filed under.
+	owner map[types.NamespacedName]types.NamespacedName
+	dirty map[types.NamespacedName]bool
+}
+
+type serviceSlices struct {
+	slices map[string]*Slice // by slice name; the latest version seen
+	// ports are the service port names this Service had in the EndpointsMap after the
+	// last Checkout, so a checkout can remove the ones that disappeared.
+	ports []model.ServicePortName
+}
+
+// NewCache returns an empty cache for family f. nodeName decides which endpoints are
+// local; it may be empty, in which case none is.
+func NewCache(f *family.Family, nodeName string) *Cache {
+	return &Cache{
+		family:    f,
+		nodeName:  nodeName,
+		byService: make(map[types.NamespacedName]*serviceSlices),
+		owner:     make(map[types.NamespacedName]types.NamespacedName),
+		dirty:     make(map[types.NamespacedName]bool),
+	}
+}
+
+// Update records a new or changed slice. It returns true when the slice changes what
+// the proxy would program, false for no-op updates and for slices that are skipped.
+// Skipped slices and skipped parts are logged with the reason; a slice that was usable
+// and becomes unusable is treated as deleted.
+func (c *Cache) Update(es *discovery.EndpointSlice) bool {
+	s, skips, err := Parse(c.family, es, c.nodeName)
+	for _, sk := range skips {
+		klog.V(2).InfoS("Ignoring part of EndpointSlice", "ipFamily", c.family.Name, "reason", sk.Error())
+	}
+	if err != nil {
+		klog.V(2).InfoS("Ignoring EndpointSlice", "ipFamily", c.family.Name, "reason", err.Error())
+		if es != nil && es.Namespace != "" && es.Name != "" {
+			return c.remove(es.Namespace, es.Name)
+		}
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// A slice's service-name label can change; drop it from the old Service first.
+	changed := c.removeLocked(s.Service.Namespace, s.Name, s.Service)
+	ss := c.byService[s.Service]
+	if ss == nil {
+		ss = &serviceSlices{slices: make(map[string]*Slice)}
+		c.byService[s.Service] = ss
+	}
+	if old := ss.slices[s.Name]; old != nil && old.equal(s) {
+		return changed
+	}
+	ss.slices[s.Name] = s
+	c.owner[types.NamespacedName{Namespace: s.Service.Namespace, Name: s.Name}] = s.Service
+	c.dirty[s.Service] = true
+	return true
+}
+
+// Delete records that a slice is gone. It returns true when that changes anything.
+func (c *Cache) Delete(es *discovery.EndpointSlice) bool {
+	if es == nil {
+		return false
+	}
+	return c.remove(es.Namespace, es.Name)
+}
+
+func (c *Cache) remove(namespace, name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.removeLocked(namespace, name, types.NamespacedName{})
+}
+
+// removeLocked removes slice namespace/name from the Service it was filed under,
+// unless that Service is keep.
+func (c *Cache) removeLocked(namespace, name string, keep types.NamespacedName) bool {
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	svc, ok := c.owner[key]
+	if !ok || svc == keep {
+		return false
+	}
+	delete(c.owner, key)
+	if ss := c.byService[svc]; ss != nil {
+		delete(ss.slices, name)
+	}
+	c.dirty[svc] = true
+	return true
+}
+
+// Pending returns how many Services have changes not yet checked out.
+func (c *Cache) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.dirty)
+}
+
+// Checkout applies every pending change to m and returns the Services whose
+// endpoints changed. With full set, every Service is recomputed (m must then be the
+// map every earlier Checkout wrote, or empty).
+func (c *Cache) Checkout(m model.EndpointsMap, full bool) map[types.NamespacedName]bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	changed := c.dirty
+	if full {
+		for svc := range c.byService {
+			changed[svc] = true
+		}
+	}
+	c.dirty = make(map[types.NamespacedName]bool)
+	for svc := range changed {
+		ss := c.byService[svc]
+		if ss == nil {
+			continue
+		}
+		for _, name := range ss.ports {
+			delete(m, name)
+		}
+		merged := merge(svc, ss.slices)
+		ss.ports = ss.ports[:0]
+		for name, eps := range merged {
+			m[name] = eps
+			ss.ports = append(ss.ports, name)
+		}
+		if len(ss.slices) == 0 {
+			delete(c.byService, svc)
+		}
+	}
+	return changed
+}
+
+// merge combines a Service's slices into endpoints per service port. Slices are taken
+// in name order so that the result never depends on map order. An address and port
+// listed twice keeps the non-terminating copy, as kube-proxy does.
+func merge(svc types.NamespacedName, bySlice map[string]*Slice) map[model.ServicePortName][]model.Endpoint {
+	names := make([]string, 0, len(bySlice))
+	for n := range bySlice {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	out := make(map[model.ServicePortName][]model.Endpoint)
+	for _, n := range names {
+		s := bySlice[n]
+		for _, p := range s.Ports {
+			key := model.ServicePortName{NamespacedName: svc, Port: p.Name, Protocol: p.Protocol}
+			out[key] = appendEndpoints(out[key], s.Endpoints, p.Port)
+		}
+	}
+	for key, eps := range out {
+		slices.SortStableFunc(eps, model.CompareEndpoints)
+		eps = dedupe(eps)
+		if len(eps) == 0 {
+			delete(out, key)
+			continue
+		}
+		out[key] = eps
+	}
+	return out
+}
+
+func appendEndpoints(dst, src []model.Endpoint, port uint16) []model.Endpoint {
+	for _, e := range src {
+		e.Port = port
+		dst = append(dst, e)
+	}
+	return dst
+}
+
+// dedupe keeps one endpoint per address and port in a sorted list: the last
+// non-terminating copy if there is one, else the first.
+func dedupe(eps []model.Endpoint) []model.Endpoint {
+	out := eps[:0]
+	for _, e := range eps {
+		if n := len(out); n > 0 && out[n-1].Addr == e.Addr && out[n-1].Port == e.Port {
+			if !e.Terminating {
+				out[n-1] = e
+			}
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}

@@ -1,0 +1,241 @@
+package endpointslice
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/dsproxy/dsproxy/internal/testaddr"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
+)
+
+var webNN = types.NamespacedName{Namespace: "ns", Name: "web"}
+
+func spn(port string, proto v1.Protocol) model.ServicePortName {
+	return model.ServicePortName{NamespacedName: webNN, Port: port, Protocol: proto}
+}
+
+// slice builds an EndpointSlice of family f for Service "web" with one TCP port
+// "http" numbered port, and endpoints at pod addresses ns (ready, on node-b).
+func slice(f *family.Family, name string, port int32, ns ...int) *discovery.EndpointSlice {
+	es := &discovery.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{discovery.LabelServiceName: "web"}},
+		AddressType: f.AddressType,
+		Ports:       []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(port), Protocol: ptr.To(v1.ProtocolTCP)}},
+	}
+	for _, n := range ns {
+		es.Endpoints = append(es.Endpoints, discovery.Endpoint{Addresses: []string{testaddr.Pod(f, n).String()}, NodeName: ptr.To("node-b")})
+	}
+	return es
+}
+
+func endpointsString(f *family.Family, eps []model.Endpoint) string {
+	var s []string
+	for _, e := range eps {
+		for n := 0; n < 64; n++ {
+			if testaddr.Pod(f, n) == e.Addr {
+				tag := ""
+				if e.Terminating {
+					tag = "T"
+				}
+				if e.Local {
+					tag += "L"
+				}
+				s = append(s, fmt.Sprintf("%d:%d%s", n, e.Port, tag))
+			}
+		}
+	}
+	return strings.Join(s, " ")
+}
+
+func TestCacheMerge(t *testing.T) {
+	type step struct {
+		update *discovery.EndpointSlice
+		delete *discovery.EndpointSlice
+	}
+	cases := []struct {
+		name    string
+		steps   func(f *family.Family) []step
+		want    map[model.ServicePortName]string
+		changed bool // whether the last step reports a change
+	}{
+		{name: "two slices merged and sorted",
+			steps: func(f *family.Family) []step {
+				return []step{{update: slice(f, "b", 80, 3, 1)}, {update: slice(f, "a", 80, 2)}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80 2:80 3:80"}, changed: true},
+		{name: "duplicate across slices keeps the non-terminating copy",
+			steps: func(f *family.Family) []step {
+				a := slice(f, "a", 80, 1)
+				b := slice(f, "b", 80, 1)
+				a.Endpoints[0].Conditions.Terminating = ptr.To(true)
+				return []step{{update: b}, {update: a}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80"}, changed: true},
+		{name: "same named port with different numbers per slice",
+			steps: func(f *family.Family) []step {
+				return []step{{update: slice(f, "a", 80, 1)}, {update: slice(f, "b", 8080, 2)}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80 2:8080"}, changed: true},
+		{name: "several ports and protocols",
+			steps: func(f *family.Family) []step {
+				a := slice(f, "a", 80, 1)
+				a.Ports = append(a.Ports, discovery.EndpointPort{Name: ptr.To("dns"), Port: ptr.To(int32(53)), Protocol: ptr.To(v1.ProtocolUDP)},
+					discovery.EndpointPort{Name: ptr.To(""), Port: ptr.To(int32(9)), Protocol: ptr.To(v1.ProtocolSCTP)})
+				return []step{{update: a}}
+			},
+			want:    map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80", spn("dns", v1.ProtocolUDP): "1:53", spn("", v1.ProtocolSCTP): "1:9"},
+			changed: true},
+		{name: "deleting a slice removes its endpoints and empty ports",
+			steps: func(f *family.Family) []step {
+				return []step{{update: slice(f, "a", 80, 1)}, {update: slice(f, "b", 81, 2)}, {delete: slice(f, "a", 80)}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "2:81"}, changed: true},
+		{name: "no-op update is not a change",
+			steps: func(f *family.Family) []step {
+				b := slice(f, "a", 80, 1)
+				b.ResourceVersion = "7"
+				return []step{{update: slice(f, "a", 80, 1)}, {update: b}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80"}, changed: false},
+		{name: "deleting an unknown slice is not a change",
+			steps: func(f *family.Family) []step {
+				return []step{{update: slice(f, "a", 80, 1)}, {delete: slice(f, "zzz", 80)}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80"}, changed: false},
+		{name: "local endpoints marked",
+			steps: func(f *family.Family) []step {
+				a := slice(f, "a", 80, 1, 2)
+				a.Endpoints[1].NodeName = ptr.To("node-a")
+				return []step{{update: a}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80 2:80L"}, changed: true},
+		{name: "a slice relabelled to another Service moves",
+			steps: func(f *family.Family) []step {
+				a := slice(f, "a", 80, 1)
+				moved := slice(f, "a", 80, 1)
+				moved.Labels[discovery.LabelServiceName] = "other"
+				return []step{{update: a}, {update: moved}}
+			},
+			want: map[model.ServicePortName]string{
+				{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "other"}, Port: "http", Protocol: v1.ProtocolTCP}: "1:80"},
+			changed: true},
+		{name: "a slice that becomes unusable is dropped",
+			steps: func(f *family.Family) []step {
+				bad := slice(f, "a", 80, 1)
+				bad.Labels[model.LabelServiceProxyName] = "other-proxy"
+				return []step{{update: slice(f, "a", 80, 1)}, {update: bad}}
+			},
+			want: map[model.ServicePortName]string{}, changed: true},
+		{name: "bad endpoints skipped, good ones kept",
+			steps: func(f *family.Family) []step {
+				a := slice(f, "a", 80, 1)
+				a.Endpoints = append(a.Endpoints,
+					discovery.Endpoint{Addresses: []string{testaddr.Pod(f.Other(), 5).String()}},
+					discovery.Endpoint{Addresses: nil},
+					discovery.Endpoint{Addresses: []string{"not-an-ip"}},
+					discovery.Endpoint{Addresses: []string{"::ffff:10.0.0.1"}},
+					discovery.Endpoint{Addresses: []string{"fe80::1%eth0"}})
+				a.Ports = append(a.Ports, discovery.EndpointPort{Name: nil, Port: ptr.To(int32(1))},
+					discovery.EndpointPort{Name: ptr.To("z"), Port: ptr.To(int32(0))},
+					discovery.EndpointPort{Name: ptr.To("y"), Port: ptr.To(int32(70000))},
+					discovery.EndpointPort{Name: ptr.To("x"), Port: ptr.To(int32(5)), Protocol: ptr.To(v1.Protocol("ICMP"))})
+				return []step{{update: a}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80"}, changed: true},
+	}
+	for _, f := range family.All {
+		for _, tc := range cases {
+			t.Run(f.Name+"/"+tc.name, func(t *testing.T) {
+				c := NewCache(f, "node-a")
+				m := model.EndpointsMap{}
+				var changed bool
+				for _, st := range tc.steps(f) {
+					if st.update != nil {
+						changed = c.Update(st.update)
+					} else {
+						changed = c.Delete(st.delete)
+					}
+					c.Checkout(m, false)
+				}
+				if changed != tc.changed {
+					t.Errorf("last step changed = %v, want %v", changed, tc.changed)
+				}
+				got := map[model.ServicePortName]string{}
+				for k, v := range m {
+					got[k] = endpointsString(f, v)
+				}
+				if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+					t.Errorf("endpoints\n got %v\nwant %v", got, tc.want)
+				}
+				// A full checkout from scratch agrees with the incremental one.
+				full := model.EndpointsMap{}
+				c.Checkout(full, true)
+				if fmt.Sprint(full) != fmt.Sprint(m) {
+					t.Errorf("full checkout differs:\n%v\n%v", full, m)
+				}
+			})
+		}
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	for _, f := range family.All {
+		cases := []struct {
+			name   string
+			mutate func(*discovery.EndpointSlice)
+			reason string
+		}{
+			{"wrong family", func(es *discovery.EndpointSlice) { es.AddressType = f.Other().AddressType }, "addressType"},
+			{"FQDN", func(es *discovery.EndpointSlice) { es.AddressType = discovery.AddressTypeFQDN }, "addressType"},
+			{"no service label", func(es *discovery.EndpointSlice) { delete(es.Labels, discovery.LabelServiceName) }, "no kubernetes.io/service-name label"},
+			{"no name", func(es *discovery.EndpointSlice) { es.Name = "" }, "name and namespace"},
+			{"too many endpoints", func(es *discovery.EndpointSlice) {
+				es.Endpoints = make([]discovery.Endpoint, MaxEndpointsPerSlice+1)
+			}, "more than 1000 endpoints"},
+			{"too many ports", func(es *discovery.EndpointSlice) { es.Ports = make([]discovery.EndpointPort, MaxPortsPerSlice+1) }, "more than 100 ports"},
+			{"headless", func(es *discovery.EndpointSlice) { es.Labels[model.LabelHeadless] = "" }, "headless"},
+		}
+		for _, tc := range cases {
+			t.Run(f.Name+"/"+tc.name, func(t *testing.T) {
+				es := slice(f, "a", 80, 1)
+				tc.mutate(es)
+				_, _, err := Parse(f, es, "")
+				if err == nil || !strings.Contains(err.Error(), tc.reason) {
+					t.Fatalf("err = %v, want mention of %q", err, tc.reason)
+				}
+			})
+		}
+	}
+	if _, _, err := Parse(family.IPv4, nil, ""); err == nil {
+		t.Fatal("nil slice accepted")
+	}
+}
+
+func TestParseConditionsAndHints(t *testing.T) {
+	for _, f := range family.All {
+		es := slice(f, "a", 80, 1, 2)
+		es.Endpoints[0].Conditions = discovery.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+		es.Endpoints[1].Zone = ptr.To("z1")
+		es.Endpoints[1].Hints = &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: "z2"}, {Name: "z1"}, {Name: "z2"}}, ForNodes: []discovery.ForNode{{Name: "n"}}}
+		s, skips, err := Parse(f, es, "node-b")
+		if err != nil || len(skips) != 0 {
+			t.Fatalf("%s: %v %v", f, err, skips)
+		}
+		e0, e1 := s.Endpoints[0], s.Endpoints[1]
+		if e0.Ready || !e0.Serving || !e0.Terminating || !e0.Local {
+			t.Errorf("%s: conditions of endpoint 0: %+v", f, e0)
+		}
+		if !e1.Ready || !e1.Serving || e1.Terminating || e1.Zone != "z1" ||
+			fmt.Sprint(e1.ZoneHints) != "[z1 z2]" || fmt.Sprint(e1.NodeHints) != "[n]" {
+			t.Errorf("%s: endpoint 1: %+v", f, e1)
+		}
+	}
+}

@@ -1,0 +1,108 @@
+package model
+
+import (
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// PortState is the desired state of one service port in one family on this node: the
+// port and the endpoints its traffic goes to.
+type PortState struct {
+	*ServicePort
+	Selection
+}
+
+// InternalEndpoints are the endpoints for traffic to the ClusterIP.
+func (p *PortState) InternalEndpoints() []Endpoint {
+	if p.InternalPolicyLocal {
+		return p.Local
+	}
+	return p.Cluster
+}
+
+// ExternalEndpoints are the endpoints for traffic to NodePorts, ExternalIPs and
+// LoadBalancer VIPs.
+func (p *PortState) ExternalEndpoints() []Endpoint {
+	if p.ExternalPolicyLocal {
+		return p.Local
+	}
+	return p.Cluster
+}
+
+// Equal reports whether two port states program the same rules.
+func (p *PortState) Equal(o *PortState) bool {
+	if p == nil || o == nil {
+		return p == o
+	}
+	return p.ServicePort.Equal(o.ServicePort) && p.HasAny == o.HasAny &&
+		EndpointsEqual(p.Cluster, o.Cluster) && EndpointsEqual(p.Local, o.Local)
+}
+
+// State is the desired state of one family: every service port with its chosen
+// endpoints. It is a pure function of a ServiceMap, an EndpointsMap and NodeInfo,
+// kept up to date incrementally by Update.
+type State struct {
+	Ports     map[ServicePortName]*PortState
+	byService map[types.NamespacedName][]ServicePortName
+}
+
+// NewState returns an empty state.
+func NewState() *State {
+	return &State{
+		Ports:     make(map[ServicePortName]*PortState),
+		byService: make(map[types.NamespacedName][]ServicePortName),
+	}
+}
+
+// Update recomputes the service ports of the Services in changed (every Service in
+// svcs and in the state when full is set) and returns the names of the ports whose
+// state changed, including ports that are gone. Only those need reprogramming.
+func (s *State) Update(svcs ServiceMap, eps EndpointsMap, node NodeInfo, changed map[types.NamespacedName]bool, full bool) []ServicePortName {
+	if full {
+		changed = make(map[types.NamespacedName]bool, len(svcs)+len(s.byService))
+		for nn := range svcs {
+			changed[nn] = true
+		}
+		for nn := range s.byService {
+			changed[nn] = true
+		}
+	}
+	var out []ServicePortName
+	for nn := range changed {
+		out = s.updateService(nn, svcs[nn], eps, node, out)
+	}
+	return out
+}
+
+func (s *State) updateService(nn types.NamespacedName, ports []*ServicePort, eps EndpointsMap, node NodeInfo, out []ServicePortName) []ServicePortName {
+	old := s.byService[nn]
+	names := old[:0:0]
+	for _, sp := range ports {
+		ps := &PortState{ServicePort: sp, Selection: Categorize(sp, eps[sp.Name], node)}
+		if !ps.Equal(s.Ports[sp.Name]) {
+			out = append(out, sp.Name)
+		}
+		s.Ports[sp.Name] = ps
+		names = append(names, sp.Name)
+	}
+	for _, name := range old {
+		if !containsName(names, name) {
+			delete(s.Ports, name)
+			out = append(out, name)
+		}
+	}
+	if len(names) == 0 {
+		delete(s.byService, nn)
+	} else {
+		s.byService[nn] = names
+	}
+	return out
+}
+
+func containsName(names []ServicePortName, n ServicePortName) bool {
+	for _, x := range names {
+		if x == n {
+			return true
+		}
+	}
+	return false
+}
