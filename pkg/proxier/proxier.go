@@ -1,0 +1,282 @@
+package proxier
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/metaproxier"
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nodeport"
+	"github.com/dsproxy/dsproxy/pkg/runner"
+)
+
+// Config assembles a family proxier. Only Family, NodeName and Backend are required.
+type Config struct {
+	Family   *family.Family
+	NodeName string
+	Backend  Backend
+	// NodePorts is the registry shared by both families; nil means no cross-family
+	// reservations (a single-family node).
+	NodePorts *nodeport.Registry
+	// NodePortSpec and Addrs decide where NodePorts are served; a zero Spec means
+	// every local address of the family.
+	NodePortSpec nodeport.Spec
+	Addrs        nodeport.AddrLister
+	// NodeIP is the node's IP of this family as the address-selection package chose
+	// it; SetNodeIP updates it.
+	NodeIP        netip.Addr
+	Local         LocalDetector
+	MasqueradeAll bool
+	Runner        runner.Options
+	// HealthTimeout is how long a change may wait for a successful sync before the
+	// family reports unhealthy (kube-proxy's healthz rule); default 2 minutes.
+	HealthTimeout time.Duration
+	// Observer, if set, is told about every sync (metrics).
+	Observer Observer
+}
+
+// Observer receives sync events; implementations must be cheap and thread-safe.
+type Observer interface {
+	SyncDone(f *family.Family, full bool, d time.Duration, res SyncResult, err error)
+}
+
+// Proxier is one family's proxier. Event handlers record changes and trigger the
+// runner; the sync, run by the runner on one goroutine, turns them into a
+// SyncRequest for the backend.
+type Proxier struct {
+	cfg      Config
+	services *model.ServiceTracker
+	slices   *endpointslice.Cache
+	runner   *runner.Runner
+
+	mu           sync.Mutex // guards the inputs below, written by handlers
+	node         *v1.Node
+	nodeIP       netip.Addr
+	serviceCIDRs []netip.Prefix
+
+	// Owned by the sync goroutine.
+	svcMap       model.ServiceMap
+	epMap        model.EndpointsMap
+	state        *model.State
+	lastNode     *NodeConfig
+	lastNodeZone string
+}
+
+var _ metaproxier.FamilyProxier = (*Proxier)(nil)
+
+// New assembles a Proxier. It starts nothing; Run does.
+func New(cfg Config) (*Proxier, error) {
+	if cfg.Family == nil || cfg.Backend == nil {
+		return nil, fmt.Errorf("proxier: Family and Backend are required")
+	}
+	if cfg.NodePortSpec.Family == nil {
+		cfg.NodePortSpec.Family = cfg.Family
+	}
+	if cfg.NodePortSpec.Family != cfg.Family {
+		return nil, fmt.Errorf("proxier %s: NodePortSpec is for %s", cfg.Family, cfg.NodePortSpec.Family)
+	}
+	if cfg.Addrs == nil {
+		cfg.Addrs = nodeport.SystemAddrs{}
+	}
+	if cfg.HealthTimeout == 0 {
+		cfg.HealthTimeout = 2 * time.Minute
+	}
+	p := &Proxier{
+		cfg:      cfg,
+		services: model.NewServiceTracker(cfg.Family),
+		slices:   endpointslice.NewCache(cfg.Family, cfg.NodeName),
+		nodeIP:   cfg.NodeIP,
+		svcMap:   model.ServiceMap{},
+		epMap:    model.EndpointsMap{},
+		state:    model.NewState(),
+	}
+	p.runner = runner.New(cfg.Family.Name, p.sync, cfg.Runner)
+	if cfg.NodePorts != nil {
+		cfg.NodePorts.OnChange(func(f *family.Family) {
+			if f == cfg.Family {
+				p.runner.Trigger()
+			}
+		})
+	}
+	return p, nil
+}
+
+// Family returns the proxier's family.
+func (p *Proxier) Family() *family.Family { return p.cfg.Family }
+
+// Run runs the sync loop until ctx is done.
+func (p *Proxier) Run(ctx context.Context) error { return p.runner.Run(ctx) }
+
+// Health reports the sync status.
+func (p *Proxier) Health() metaproxier.Health {
+	st := p.runner.Status()
+	return metaproxier.Health{
+		Healthy:             st.Healthy(time.Now(), p.cfg.HealthTimeout),
+		LastSync:            st.LastSync,
+		LastQueued:          st.LastQueued,
+		LastError:           st.LastError,
+		ConsecutiveFailures: st.ConsecutiveFailures,
+		FullSyncPending:     st.FullSyncPending,
+	}
+}
+
+// State returns the desired state. Only for tests and debugging, and only while no
+// sync runs.
+func (p *Proxier) State() *model.State { return p.state }
+
+// Sync runs one sync now, outside the runner; for tests and tools.
+func (p *Proxier) Sync(ctx context.Context, full bool) error { return p.sync(ctx, full) }
+
+// OnServiceAdd records a new Service.
+func (p *Proxier) OnServiceAdd(svc *v1.Service) { p.onService(nil, svc) }
+
+// OnServiceUpdate records a changed Service.
+func (p *Proxier) OnServiceUpdate(old, cur *v1.Service) { p.onService(old, cur) }
+
+// OnServiceDelete records a deleted Service.
+func (p *Proxier) OnServiceDelete(svc *v1.Service) { p.onService(svc, nil) }
+
+func (p *Proxier) onService(old, cur *v1.Service) {
+	if p.services.Update(old, cur) {
+		p.runner.Trigger()
+	}
+}
+
+// OnEndpointSliceAdd records a new slice of this family.
+func (p *Proxier) OnEndpointSliceAdd(es *discovery.EndpointSlice) { p.onSlice(es, false) }
+
+// OnEndpointSliceUpdate records a changed slice.
+func (p *Proxier) OnEndpointSliceUpdate(_, cur *discovery.EndpointSlice) { p.onSlice(cur, false) }
+
+// OnEndpointSliceDelete records a deleted slice.
+func (p *Proxier) OnEndpointSliceDelete(es *discovery.EndpointSlice) { p.onSlice(es, true) }
+
+func (p *Proxier) onSlice(es *discovery.EndpointSlice, deleted bool) {
+	changed := false
+	if deleted {
+		changed = p.slices.Delete(es)
+	} else {
+		changed = p.slices.Update(es)
+	}
+	if changed {
+		p.runner.Trigger()
+	}
+}
+
+// OnNodeAdd records this node's object; other nodes are ignored.
+func (p *Proxier) OnNodeAdd(node *v1.Node) { p.onNode(node) }
+
+// OnNodeUpdate records a change of this node's object.
+func (p *Proxier) OnNodeUpdate(_, cur *v1.Node) { p.onNode(cur) }
+
+// OnNodeDelete forgets this node's object.
+func (p *Proxier) OnNodeDelete(node *v1.Node) {
+	if node == nil || node.Name != p.cfg.NodeName {
+		return
+	}
+	p.mu.Lock()
+	p.node = nil
+	p.mu.Unlock()
+	p.runner.Trigger()
+}
+
+func (p *Proxier) onNode(node *v1.Node) {
+	if node == nil || node.Name != p.cfg.NodeName {
+		return
+	}
+	p.mu.Lock()
+	p.node = node
+	p.mu.Unlock()
+	p.runner.Trigger()
+}
+
+// SetNodeIP records a new node IP of this family (the daemon follows Node changes
+// through the address-selection package and calls this).
+func (p *Proxier) SetNodeIP(ip netip.Addr) {
+	p.mu.Lock()
+	changed := p.nodeIP != ip
+	p.nodeIP = ip
+	p.mu.Unlock()
+	if changed {
+		p.runner.Trigger()
+	}
+}
+
+// OnServiceCIDRsChanged records this family's service CIDRs.
+func (p *Proxier) OnServiceCIDRsChanged(cidrs []netip.Prefix) {
+	p.mu.Lock()
+	p.serviceCIDRs = slices.Clone(cidrs)
+	p.mu.Unlock()
+	p.runner.Trigger()
+}
+
+// sync turns the recorded changes into one backend sync. Node-wide inputs that
+// change the endpoint choice (the node's zone) make it a full sync.
+func (p *Proxier) sync(ctx context.Context, full bool) error {
+	start := time.Now()
+	nodeInfo, nodeCfg, err := p.nodeInputs()
+	if err != nil {
+		return err
+	}
+	// The endpoint choice depends on the node's zone: a new zone redoes everything.
+	full = full || p.lastNode == nil || p.lastNodeZone != nodeInfo.Zone
+	changed := p.services.Checkout(p.svcMap, full)
+	for nn := range p.slices.Checkout(p.epMap, full) {
+		changed[nn] = true
+	}
+	req := &SyncRequest{
+		Full:        full,
+		State:       p.state,
+		Changed:     p.state.Update(p.svcMap, p.epMap, nodeInfo, changed, full),
+		Node:        nodeCfg,
+		NodeChanged: !nodeCfg.Equal(p.lastNode),
+	}
+	if !req.Full && !req.NodeChanged && len(req.Changed) == 0 {
+		return nil
+	}
+	res, err := p.cfg.Backend.Sync(ctx, req)
+	if p.cfg.Observer != nil {
+		p.cfg.Observer.SyncDone(p.cfg.Family, full, time.Since(start), res, err)
+	}
+	if err != nil {
+		return fmt.Errorf("%s sync (full=%v, %d changed service ports): %w", p.cfg.Family, full, len(req.Changed), err)
+	}
+	p.lastNode = nodeCfg
+	p.lastNodeZone = nodeInfo.Zone
+	klog.V(2).InfoS("Synced", "ipFamily", p.cfg.Family.Name, "full", full, "changedPorts", len(req.Changed),
+		"operations", res.Operations, "repairs", res.Repairs, "elapsed", time.Since(start))
+	return nil
+}
+
+// nodeInputs snapshots the node-wide inputs recorded by the handlers.
+func (p *Proxier) nodeInputs() (model.NodeInfo, *NodeConfig, error) {
+	p.mu.Lock()
+	node, nodeIP, cidrs := p.node, p.nodeIP, p.serviceCIDRs
+	p.mu.Unlock()
+	addrs, err := p.cfg.NodePortSpec.Resolve(p.cfg.Addrs, nodeIP)
+	if err != nil {
+		return model.NodeInfo{}, nil, fmt.Errorf("%s: resolving --nodeport-addresses: %w", p.cfg.Family, err)
+	}
+	cfg := &NodeConfig{
+		Family:            p.cfg.Family,
+		NodeIP:            nodeIP,
+		NodePortAddresses: addrs,
+		ServiceCIDRs:      cidrs,
+		Local:             p.cfg.Local,
+		MasqueradeAll:     p.cfg.MasqueradeAll,
+	}
+	if p.cfg.NodePorts != nil {
+		cfg.ReservedNodePorts = p.cfg.NodePorts.ReservedFor(p.cfg.Family).Keys
+	}
+	return model.NodeInfoFrom(p.cfg.NodeName, node), cfg, nil
+}

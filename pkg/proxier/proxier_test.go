@@ -1,0 +1,170 @@
+package proxier
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/dsproxy/dsproxy/internal/testaddr"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/nodeport"
+)
+
+// recordingBackend records what each sync asked for; the orchestration is what is
+// under test here, the backends have their own kernel models.
+type recordingBackend struct {
+	reqs []SyncRequest
+	fail error
+}
+
+func (b *recordingBackend) Sync(_ context.Context, req *SyncRequest) (SyncResult, error) {
+	r := *req
+	r.Changed = append(r.Changed[:0:0], req.Changed...)
+	b.reqs = append(b.reqs, r)
+	if b.fail != nil {
+		return SyncResult{}, b.fail
+	}
+	return SyncResult{Operations: len(req.Changed)}, nil
+}
+
+func (b *recordingBackend) Cleanup(context.Context) error { return nil }
+
+func (b *recordingBackend) last(t *testing.T) SyncRequest {
+	t.Helper()
+	if len(b.reqs) == 0 {
+		t.Fatal("backend was never called")
+	}
+	return b.reqs[len(b.reqs)-1]
+}
+
+func newTestProxier(t *testing.T, f *family.Family, reg *nodeport.Registry) (*Proxier, *recordingBackend) {
+	t.Helper()
+	b := &recordingBackend{}
+	addrs := nodeport.AddrListerFunc(func() ([]netip.Addr, error) {
+		return []netip.Addr{testaddr.Node(f, 1), testaddr.Node(f.Other(), 1)}, nil
+	})
+	p, err := New(Config{Family: f, NodeName: "node-a", Backend: b, NodePorts: reg, Addrs: addrs, NodeIP: testaddr.Node(f, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, b
+}
+
+func service(f *family.Family, name string, families ...*family.Family) *v1.Service {
+	s := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, CreationTimestamp: metav1.Unix(1, 0)},
+		Spec: v1.ServiceSpec{Type: v1.ServiceTypeNodePort,
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, NodePort: 30080}}},
+	}
+	for _, g := range families {
+		s.Spec.ClusterIPs = append(s.Spec.ClusterIPs, testaddr.Svc(g, 10).String())
+		s.Spec.IPFamilies = append(s.Spec.IPFamilies, g.IPFamily)
+	}
+	s.Spec.ClusterIP = s.Spec.ClusterIPs[0]
+	return s
+}
+
+func endpointSlice(f *family.Family, svc string, pods ...int) *discovery.EndpointSlice {
+	es := &discovery.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: svc + "-" + f.Name, Labels: map[string]string{discovery.LabelServiceName: svc}},
+		AddressType: f.AddressType,
+		Ports:       []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(8080)), Protocol: ptr.To(v1.ProtocolTCP)}},
+	}
+	for _, n := range pods {
+		es.Endpoints = append(es.Endpoints, discovery.Endpoint{Addresses: []string{testaddr.Pod(f, n).String()}})
+	}
+	return es
+}
+
+func TestSyncRequests(t *testing.T) {
+	ctx := context.Background()
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			p, b := newTestProxier(t, f, nil)
+			// The first sync is full even with nothing to do.
+			if err := p.Sync(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			if r := b.last(t); !r.Full || !r.NodeChanged || r.Node.NodeIP != testaddr.Node(f, 1) {
+				t.Fatalf("first sync: %+v", r)
+			}
+			if got := r0(b).Node.NodePortAddresses; !got.MatchAll || len(got.Addrs) != 1 || got.Addrs[0] != testaddr.Node(f, 1) {
+				t.Fatalf("nodeport addresses %+v", got)
+			}
+			p.OnServiceAdd(service(f, "web", f))
+			p.OnEndpointSliceAdd(endpointSlice(f, "web", 1, 2))
+			n := len(b.reqs)
+			if err := p.Sync(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			r := b.last(t)
+			if len(b.reqs) != n+1 || r.Full || r.NodeChanged || len(r.Changed) != 1 {
+				t.Fatalf("partial sync: %+v", r)
+			}
+			if eps := r.State.Ports[r.Changed[0]].InternalEndpoints(); len(eps) != 2 {
+				t.Fatalf("endpoints %v", eps)
+			}
+			// Nothing changed: no backend call.
+			if err := p.Sync(ctx, false); err != nil || len(b.reqs) != n+1 {
+				t.Fatalf("idle sync called the backend (%v)", err)
+			}
+			// A node zone change redoes everything; an unrelated node is ignored.
+			p.OnNodeAdd(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other", Labels: map[string]string{v1.LabelTopologyZone: "z9"}}})
+			p.OnNodeAdd(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "z1"}}})
+			if err := p.Sync(ctx, false); err != nil || !b.last(t).Full {
+				t.Fatalf("zone change did not force a full sync (%v)", err)
+			}
+			// Service CIDRs are node-wide: a change is a node change, not a full sync.
+			p.OnServiceCIDRsChanged([]netip.Prefix{testaddr.Prefix(testaddr.Svc(f, 0), 16)})
+			if err := p.Sync(ctx, false); err != nil || b.last(t).Full || !b.last(t).NodeChanged {
+				t.Fatalf("service CIDR change: %+v (%v)", b.last(t), err)
+			}
+			// A backend error is returned with the family and the cause.
+			b.fail = errors.New("boom")
+			p.OnServiceDelete(service(f, "web", f))
+			err := p.Sync(ctx, false)
+			if err == nil || !errors.Is(err, b.fail) {
+				t.Fatalf("error %v does not wrap the cause", err)
+			}
+		})
+	}
+}
+
+func r0(b *recordingBackend) SyncRequest { return b.reqs[0] }
+
+func TestReservedNodePortsFollowTheOtherFamily(t *testing.T) {
+	ctx := context.Background()
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			reg := nodeport.New(klog.Background())
+			p, b := newTestProxier(t, f, reg)
+			if err := p.Sync(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			// A single-stack Service of the other family claims NodePort 30080.
+			other := service(f.Other(), "other", f.Other())
+			reg.Update(other)
+			p.OnServiceAdd(other)
+			if err := p.Sync(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			r := b.last(t)
+			want := nodeport.Key{Protocol: v1.ProtocolTCP, Port: 30080}
+			if !r.NodeChanged || len(r.Node.ReservedNodePorts) != 1 || r.Node.ReservedNodePorts[0] != want || len(r.Changed) != 0 {
+				t.Fatalf("reservation not passed on: %+v", r)
+			}
+			reg.Delete(other)
+			p.OnServiceDelete(other)
+			if err := p.Sync(ctx, false); err != nil || len(b.last(t).Node.ReservedNodePorts) != 0 {
+				t.Fatalf("reservation not released: %+v (%v)", b.last(t).Node, err)
+			}
+		})
+	}
+}

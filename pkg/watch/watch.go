@@ -1,0 +1,139 @@
+// Package watch connects client-go shared informers to dsproxy's handlers: Services
+// and EndpointSlices with kube-proxy's label filtering, the proxy's own Node, and
+// ServiceCIDRs. Watch loss and API server restarts are handled by the informers'
+// reflectors (relist and rewatch with backoff), never by restarting the process.
+package watch
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/model"
+)
+
+// Handler receives every event dsproxy cares about. The MetaProxier implements it.
+type Handler interface {
+	OnServiceAdd(*v1.Service)
+	OnServiceUpdate(old, cur *v1.Service)
+	OnServiceDelete(*v1.Service)
+	OnEndpointSliceAdd(*discovery.EndpointSlice)
+	OnEndpointSliceUpdate(old, cur *discovery.EndpointSlice)
+	OnEndpointSliceDelete(*discovery.EndpointSlice)
+	OnNodeAdd(*v1.Node)
+	OnNodeUpdate(old, cur *v1.Node)
+	OnNodeDelete(*v1.Node)
+	OnServiceCIDRAdd(*networkingv1.ServiceCIDR)
+	OnServiceCIDRUpdate(old, cur *networkingv1.ServiceCIDR)
+	OnServiceCIDRDelete(*networkingv1.ServiceCIDR)
+}
+
+// Options configure the watches.
+type Options struct {
+	NodeName string
+	// ResyncPeriod is the informers' resync period (kube-proxy's configSyncPeriod);
+	// 0 disables resyncs.
+	ResyncPeriod time.Duration
+	// ServiceCIDRs enables the networking.k8s.io/v1 ServiceCIDR watch.
+	ServiceCIDRs bool
+}
+
+// ProxySelector is kube-proxy's label selector for Services and EndpointSlices: no
+// service-proxy-name label (another proxy owns those) and no headless label.
+func ProxySelector() labels.Selector {
+	noProxyName, _ := labels.NewRequirement(model.LabelServiceProxyName, selection.DoesNotExist, nil)
+	noHeadless, _ := labels.NewRequirement(model.LabelHeadless, selection.DoesNotExist, nil)
+	return labels.NewSelector().Add(*noProxyName, *noHeadless)
+}
+
+// Start creates the informers, registers h and starts them. It returns once every
+// informer's cache has synced (or ctx is done), so the first proxy sync sees a
+// complete cluster rather than programming a partial one.
+func Start(ctx context.Context, client kubernetes.Interface, h Handler, opts Options) error {
+	sel := ProxySelector().String()
+	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
+		}))
+	var regs []cache.InformerSynced
+	add := func(inf cache.SharedIndexInformer, hs cache.ResourceEventHandlerFuncs) error {
+		reg, err := inf.AddEventHandler(hs)
+		if err != nil {
+			return err
+		}
+		regs = append(regs, reg.HasSynced)
+		return nil
+	}
+	if err := add(svcFactory.Core().V1().Services().Informer(), handlers(h.OnServiceAdd, h.OnServiceUpdate, h.OnServiceDelete)); err != nil {
+		return fmt.Errorf("watching Services: %w", err)
+	}
+	if err := add(svcFactory.Discovery().V1().EndpointSlices().Informer(), handlers(h.OnEndpointSliceAdd, h.OnEndpointSliceUpdate, h.OnEndpointSliceDelete)); err != nil {
+		return fmt.Errorf("watching EndpointSlices: %w", err)
+	}
+	if opts.NodeName != "" {
+		if err := add(nodeFactory.Core().V1().Nodes().Informer(), handlers(h.OnNodeAdd, h.OnNodeUpdate, h.OnNodeDelete)); err != nil {
+			return fmt.Errorf("watching Node %s: %w", opts.NodeName, err)
+		}
+	}
+	if opts.ServiceCIDRs {
+		if err := add(svcFactory.Networking().V1().ServiceCIDRs().Informer(), handlers(h.OnServiceCIDRAdd, h.OnServiceCIDRUpdate, h.OnServiceCIDRDelete)); err != nil {
+			return fmt.Errorf("watching ServiceCIDRs: %w", err)
+		}
+	}
+	svcFactory.Start(ctx.Done())
+	nodeFactory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), regs...) {
+		return fmt.Errorf("waiting for informer caches: %w", context.Cause(ctx))
+	}
+	klog.InfoS("Informer caches synced", "node", opts.NodeName)
+	return nil
+}
+
+// handlers adapts typed handlers to client-go's untyped ones. Objects of the wrong
+// type are logged and dropped; deletes seen only as tombstones are unwrapped.
+func handlers[T any](add func(T), update func(old, cur T), del func(T)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if o, ok := typed[T](obj); ok {
+				add(o)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := typed[T](oldObj)
+			n, ok2 := typed[T](newObj)
+			if ok1 && ok2 {
+				update(o, n)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if o, ok := typed[T](obj); ok {
+				del(o)
+			}
+		},
+	}
+}
+
+func typed[T any](obj any) (T, bool) {
+	o, ok := obj.(T)
+	if !ok {
+		klog.ErrorS(nil, "Unexpected object type from informer", "type", fmt.Sprintf("%T", obj))
+	}
+	return o, ok
+}
