@@ -24,7 +24,7 @@ test-netns:
 
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./pkg/endpointslice:FuzzIngest ./pkg/model:FuzzServicePorts \
-	./pkg/nodeip:FuzzParseNodeIP ./pkg/nodeport:FuzzRegistry ./pkg/nodeip:FuzzSelect
+	./pkg/nodeip:FuzzParseNodeIP ./pkg/nodeport:FuzzRegistry ./pkg/nodeip:FuzzSelect ./pkg/config:FuzzDecode
 
 fuzz-smoke:
 	@for t in $(FUZZ_TARGETS); do \

@@ -1,0 +1,271 @@
+//go:build netns
+
+package nft
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+)
+
+// newNetNS creates a fresh network namespace and returns a handle to it, without
+// leaving any thread in it: the creating thread returns to the original namespace
+// before it is unlocked. The namespace goes away with the handle at test cleanup.
+func newNetNS(t *testing.T) netns.NsHandle {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	ns, err := netns.New() // also switches this thread into it
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	if err := netns.Set(orig); err != nil {
+		// Never unlock a thread stuck in the wrong namespace: it dies with the goroutine.
+		ns.Close()
+		t.Fatalf("cannot return to the original netns: %v", err)
+	}
+	runtime.UnlockOSThread()
+	t.Cleanup(func() { ns.Close() })
+	return ns
+}
+
+func newTestNetlink(t *testing.T) *Netlink {
+	ns := newNetNS(t)
+	nl, err := NewNetlink(WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nl.Close() })
+	return nl
+}
+
+// kernelText renders what a Kernel holds for fam through the Kernel interface
+// only, with the Fake's set names (the interface does not list sets).
+func kernelText(t *testing.T, k Kernel, fam *family.Family, sets map[string][]string) string {
+	t.Helper()
+	tables, err := k.ListTables(ctx, fam)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, tn := range tables {
+		fmt.Fprintf(&b, "table %s\n", tn)
+		chains, err := k.ListChains(ctx, fam, tn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range chains {
+			fmt.Fprintf(&b, "  chain %s\n", chainHeader(c))
+			for i, r := range c.Rules {
+				fmt.Fprintf(&b, "    %d: %s\n", i, FormatRule(r))
+			}
+		}
+		for _, sn := range sets[tn] {
+			els, err := k.ListElements(ctx, fam, tn, sn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&b, "  set %s\n", sn)
+			for _, e := range els {
+				fmt.Fprintf(&b, "    %s\n", FormatElement(nil, e))
+			}
+		}
+	}
+	return b.String()
+}
+
+func fakeSetNames(f *Fake, fam *family.Family) map[string][]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string][]string{}
+	for id, t := range f.tables {
+		if id.proto == fam.NFProto {
+			out[id.name] = slices.Sorted(maps.Keys(t.sets))
+		}
+	}
+	return out
+}
+
+// differ applies every transaction to the kernel and the Fake and checks that both
+// agree on success or errno and then hold the same state.
+type differ struct {
+	t   *testing.T
+	nl  *Netlink
+	fk  *Fake
+	fam *family.Family
+}
+
+func (d *differ) apply(name string, tx *Tx, want error) {
+	d.t.Helper()
+	kerr, ferr := d.nl.Apply(ctx, tx), d.fk.Apply(ctx, tx)
+	switch {
+	case want == nil && (kerr != nil || ferr != nil):
+		d.t.Fatalf("%s: kernel %v, fake %v\n%s", name, kerr, ferr, tx)
+	case want != nil && (!errors.Is(kerr, want) || !errors.Is(ferr, want)):
+		d.t.Fatalf("%s: want %v; kernel %v, fake %v\n%s", name, want, kerr, ferr, tx)
+	}
+	sets := fakeSetNames(d.fk, d.fam)
+	if kt, ft := kernelText(d.t, d.nl, d.fam, sets), kernelText(d.t, d.fk, d.fam, sets); kt != ft {
+		d.t.Fatalf("%s: kernel and fake differ\nkernel:\n%s\nfake:\n%s", name, kt, ft)
+	}
+}
+
+func TestNetlinkDifferential(t *testing.T) {
+	for _, fam := range family.All {
+		t.Run(fam.Name, func(t *testing.T) {
+			d := &differ{t: t, nl: newTestNetlink(t), fk: NewFake(), fam: fam}
+			rs := newTestRuleset(fam)
+			ad := addrsFor(fam)
+
+			tx := NewTx(fam)
+			rs.base(tx)
+			rs.service(tx, ad.svc, 80, false, ad.ep0, ad.ep1)
+			rs.service(tx, ad.svcAff, 80, true, ad.epAff0, ad.epA1)
+			rs.service(tx, ad.svcNoEP, 80, false)
+			rs.nodePort(tx, 30080, ad.svc, 80)
+			tx.AddTable("aux")
+			tx.DeleteTable("never-existed")
+			d.apply("initial load", tx, nil)
+
+			// A verdict map with a goto element, in its own table.
+			tx = NewTx(fam)
+			tx.AddSet("aux", &Set{Name: "vm", KeyType: rs.svcType(), DataType: nftables.TypeVerdict, IsMap: true, Concat: true})
+			tx.SetChain("aux", &Chain{Name: "lb", Rules: []Rule{rule("lb", &expr.Counter{}, dropV())}})
+			tx.SetChain("aux", &Chain{Name: "pre", Hook: nftables.ChainHookPrerouting, Priority: prio(-50), Type: "filter",
+				Rules: []Rule{rule("", append(rs.svcKey(), &expr.Lookup{SourceRegister: r8, DestRegister: unix.NFT_REG_VERDICT, IsDestRegSet: true, SetName: "vm"})...)}})
+			tx.AddElements("aux", "vm", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80), Verdict: &expr.Verdict{Kind: expr.VerdictGoto, Chain: "lb"}}})
+			d.apply("verdict map", tx, nil)
+
+			// Element churn: replace an endpoint, move a service, flush a set.
+			key0 := Concat(rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80), IndexBytes(0))
+			tx = NewTx(fam)
+			tx.DeleteElements(testTable, "endpoints", []Element{{Key: key0}})
+			tx.AddElements(testTable, "endpoints", []Element{{Key: key0, Data: rs.epBytes(ad.epA1)}})
+			tx.DeleteElements(testTable, "svc-2", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80)}})
+			tx.AddElements(testTable, "aff-2", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80)}})
+			tx.FlushSet(testTable, "no-endpoints")
+			tx.SetChain(testTable, filterChain("filter-output", hookOut()))
+			d.apply("churn", tx, nil)
+
+			bad := func(name string, want error, build func(tx *Tx)) {
+				tx := NewTx(fam)
+				tx.AddElements(testTable, "no-endpoints", []Element{{Key: rs.svcKeyBytes(ad.remote, 17, 1)}})
+				build(tx)
+				d.apply(name, tx, want)
+			}
+			bad("changed data", syscall.EEXIST, func(tx *Tx) {
+				tx.AddElements(testTable, "endpoints", []Element{{Key: key0, Data: rs.epBytes(ad.ep1)}})
+			})
+			bad("missing element", syscall.ENOENT, func(tx *Tx) {
+				tx.DeleteElements(testTable, "svc-2", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_UDP, 1)}})
+			})
+			bad("referenced set", syscall.EBUSY, func(tx *Tx) { tx.DeleteSet(testTable, "endpoints") })
+			bad("chain referenced by a vmap", syscall.EBUSY, func(tx *Tx) { tx.DeleteChain("aux", "lb") })
+			bad("missing set in lookup", syscall.ENOENT, func(tx *Tx) {
+				tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", append(rs.svcKey(), &expr.Lookup{SourceRegister: r8, SetName: "nope"})...)}})
+			})
+			bad("jump to missing chain", syscall.ENOENT, func(tx *Tx) {
+				tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", jumpV("nope"))}})
+			})
+			bad("unwritten register", syscall.ENODATA, func(tx *Tx) {
+				tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", &expr.Cmp{Op: expr.CmpOpEq, Register: 9, Data: []byte{1}})}})
+			})
+			bad("short key", syscall.EINVAL, func(tx *Tx) {
+				tx.AddElements(testTable, "svc-2", []Element{{Key: AddrBytes(ad.svc)}})
+			})
+
+			// A chain with rules can be deleted once nothing jumps to it.
+			tx = NewTx(fam)
+			tx.DeleteElements("aux", "vm", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80)}})
+			tx.DeleteChain("aux", "lb")
+			d.apply("delete chain with rules", tx, nil)
+
+			tx = NewTx(fam)
+			tx.DeleteTable("aux")
+			tx.DeleteTable(testTable)
+			d.apply("delete all", tx, nil)
+			for _, k := range []Kernel{d.nl, d.fk} {
+				if _, err := k.ListChains(ctx, fam, testTable); !IsNotFound(err) {
+					t.Errorf("%T.ListChains of a deleted table: %v, want ENOENT", k, err)
+				}
+				if _, err := k.ListElements(ctx, fam, testTable, "svc-2"); !IsNotFound(err) {
+					t.Errorf("%T.ListElements of a deleted table: %v, want ENOENT", k, err)
+				}
+			}
+		})
+	}
+}
+
+// TestNetlinkChunking loads 20k elements in one transaction (well over the 64 KiB a
+// single message attribute can carry) and reads every one back intact.
+func TestNetlinkChunking(t *testing.T) {
+	for _, fam := range family.All {
+		t.Run(fam.Name, func(t *testing.T) {
+			nl := newTestNetlink(t)
+			rs := newTestRuleset(fam)
+			tx := NewTx(fam)
+			rs.base(tx)
+			var want []Element
+			base := addrsFor(fam).svc.As16()
+			for i := range 20000 {
+				b := base
+				b[13], b[14], b[15] = byte(i>>16), byte(i>>8), byte(i)
+				ip := netip.AddrFrom16(b)
+				if fam == family.IPv4 {
+					ip = netip.AddrFrom4([4]byte{10, 96 + byte(i>>16), byte(i >> 8), byte(i)})
+				}
+				want = append(want, Element{
+					Key:  Concat(rs.svcKeyBytes(ip, unix.IPPROTO_TCP, 80), IndexBytes(uint32(i%7))),
+					Data: rs.epBytes(netip.AddrPortFrom(ip, uint16(i))),
+				})
+			}
+			tx.AddElements(testTable, "endpoints", want)
+			if err := nl.Apply(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			got, err := nl.ListElements(ctx, fam, testTable, "endpoints")
+			if err != nil {
+				t.Fatal(err)
+			}
+			slices.SortFunc(want, func(a, b Element) int { return bytes.Compare(a.Key, b.Key) })
+			if len(got) != len(want) {
+				t.Fatalf("read back %d elements, want %d", len(got), len(want))
+			}
+			for i := range want {
+				if !bytes.Equal(got[i].Key, want[i].Key) || !bytes.Equal(got[i].Data, want[i].Data) {
+					t.Fatalf("element %d: got %x : %x, want %x : %x", i, got[i].Key, got[i].Data, want[i].Key, want[i].Data)
+				}
+			}
+			// Every element is really there: deleting them all succeeds.
+			tx = NewTx(fam)
+			tx.DeleteElements(testTable, "endpoints", want)
+			if err := nl.Apply(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
