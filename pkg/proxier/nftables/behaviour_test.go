@@ -1,0 +1,196 @@
+package nftables
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/dsproxy/dsproxy/internal/testaddr"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nft"
+	"github.com/dsproxy/dsproxy/pkg/nodeport"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+	v1 "k8s.io/api/core/v1"
+)
+
+type behaviourCase struct {
+	name  string
+	setup func(e *env)
+	pkt   source
+	want  func(f *family.Family) outcome
+}
+
+// Addresses used by the cases, per family.
+func cip(f *family.Family, n int, port uint16) netip.AddrPort { return ap(testaddr.Svc(f, n), port) }
+func pod(f *family.Family, n int, port uint16) netip.AddrPort { return ap(testaddr.Pod(f, n), port) }
+func ext(f *family.Family, n int, port uint16) netip.AddrPort { return ap(testaddr.Ext(f, n), port) }
+func nodeAP(f *family.Family, port uint16) netip.AddrPort     { return ap(testaddr.Node(f, 1), port) }
+func dnatTo(masq bool, eps ...netip.AddrPort) outcome {
+	return outcome{verdict: nft.Accept, dnat: eps, masq: masq}
+}
+func dropped() outcome                                                                 { return outcome{verdict: nft.Drop} }
+func rejected(tcpReset bool) outcome                                                   { return outcome{verdict: nft.Reject, tcpReset: tcpReset} }
+func dst(fn func(f *family.Family) netip.AddrPort) func(*family.Family) netip.AddrPort { return fn }
+
+// at builds a packet source with a per-family destination.
+func at(src source, d func(f *family.Family) netip.AddrPort, proto uint8) source {
+	return func(f *family.Family) nft.Packet { return to(src, d(f), proto)(f) }
+}
+
+// twoRemote: web:80 → pods 1 and 2 (remote) on 8080, with NodePort 30080,
+// ExternalIP Ext(1) and LB VIP Ext(2).
+func twoRemote(opts ...svcOpt) func(e *env) {
+	return func(e *env) {
+		all := append([]svcOpt{nodePort(30080), externalIP(1), lbVIP(2)}, opts...)
+		e.put(svc(e.f, "web", 10, 80, tcp, all...), ep(e.f, 1, 8080, false), ep(e.f, 2, 8080, false))
+	}
+}
+
+// oneLocal: like twoRemote, but pod 1 runs on this node.
+func oneLocal(opts ...svcOpt) func(e *env) {
+	return func(e *env) {
+		all := append([]svcOpt{nodePort(30080), externalIP(1), lbVIP(2)}, opts...)
+		e.put(svc(e.f, "web", 10, 80, tcp, all...), ep(e.f, 1, 8080, true), ep(e.f, 2, 8080, false))
+	}
+}
+
+func both(f *family.Family) []netip.AddrPort {
+	return []netip.AddrPort{pod(f, 1, 8080), pod(f, 2, 8080)}
+}
+
+var behaviourCases = []behaviourCase{
+	{"clusterIP from local pod: DNAT, no masquerade", twoRemote(), at(fromPod(5), dst(func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }), tcp),
+		func(f *family.Family) outcome { return dnatTo(false, both(f)...) }},
+	{"clusterIP from outside: DNAT and masquerade", twoRemote(), at(fromClient, func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"clusterIP from the node: masquerade", twoRemote(), at(fromNode, func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"masqueradeAll: pod traffic masqueraded", func(e *env) { e.node.MasqueradeAll = true; twoRemote()(e) },
+		at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"bridge detector: pod on the bridge not masqueraded", func(e *env) {
+		e.node.Local.Mode, e.node.Local.Interface = "BridgeInterface", podIface
+		twoRemote()(e)
+	}, at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, both(f)...) }},
+	{"interface prefix detector: outside client masqueraded", func(e *env) {
+		e.node.Local.Mode, e.node.Local.Interface = "InterfaceNamePrefix", "cbr"
+		twoRemote()(e)
+	}, at(fromClient, func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"udp clusterIP", func(e *env) { e.put(svc(e.f, "dns", 11, 53, udp), ep(e.f, 3, 5353, false)) },
+		at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 11, 53) }, udp),
+		func(f *family.Family) outcome { return dnatTo(false, pod(f, 3, 5353)) }},
+	{"sctp clusterIP", func(e *env) { e.put(svc(e.f, "sig", 12, 3868, sctp), ep(e.f, 3, 3868, false)) },
+		at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 12, 3868) }, sctp),
+		func(f *family.Family) outcome { return dnatTo(false, pod(f, 3, 3868)) }},
+	{"nodePort from outside: DNAT and masquerade", twoRemote(), at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"nodePort on a listed address", func(e *env) {
+		e.node.NodePortAddresses = nodeport.Addresses{Family: e.f, Addrs: []netip.Addr{testaddr.Node(e.f, 1)}}
+		twoRemote()(e)
+	}, at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"udp nodePort", func(e *env) { e.put(svc(e.f, "dns", 11, 53, udp, nodePort(30053)), ep(e.f, 3, 5353, false)) },
+		at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30053) }, udp),
+		func(f *family.Family) outcome { return dnatTo(true, pod(f, 3, 5353)) }},
+	{"externalIP from outside: DNAT and masquerade", twoRemote(), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 1, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"LB VIP, source in range", twoRemote(sourceRange(1, 24)), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 2, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"LB VIP, source out of range dropped", twoRemote(sourceRange(200, 30)), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 2, 80) }, tcp),
+		func(f *family.Family) outcome { return dropped() }},
+	{"source ranges don't guard the externalIP", twoRemote(sourceRange(200, 30)), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 1, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"ETP Local nodePort: local endpoint only, no masquerade", oneLocal(etpLocal()), at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, pod(f, 1, 8080)) }},
+	{"ETP Local LB VIP: local endpoint only", oneLocal(etpLocal()), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 2, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, pod(f, 1, 8080)) }},
+	{"ETP Local without local endpoints: dropped", twoRemote(etpLocal()), at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dropped() }},
+	{"ETP Local without local endpoints: externalIP dropped", twoRemote(etpLocal()), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 1, 80) }, tcp),
+		func(f *family.Family) outcome { return dropped() }},
+	{"ETP Local short-circuit: pod to LB VIP uses cluster endpoints", twoRemote(etpLocal()), at(fromPod(5), func(f *family.Family) netip.AddrPort { return ext(f, 2, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, both(f)...) }},
+	{"ETP Local short-circuit: node to nodePort uses cluster endpoints, masqueraded", twoRemote(etpLocal()), at(fromNode, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"ETP Local: clusterIP still uses all endpoints", oneLocal(etpLocal()), at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, both(f)...) }},
+	{"ITP Local: clusterIP uses local endpoint only", oneLocal(itpLocal()), at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, pod(f, 1, 8080)) }},
+	{"ITP Local: nodePort still uses all endpoints", oneLocal(itpLocal()), at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"ITP Local without local endpoints: clusterIP dropped", twoRemote(itpLocal()), at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }, tcp),
+		func(f *family.Family) outcome { return dropped() }},
+	{"ITP and ETP Local: pod to LB VIP short-circuits to all endpoints", oneLocal(itpLocal(), etpLocal()), at(fromPod(5), func(f *family.Family) netip.AddrPort { return ext(f, 2, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, both(f)...) }},
+	{"ITP and ETP Local: outside to LB VIP local only", oneLocal(itpLocal(), etpLocal()), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 2, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, pod(f, 1, 8080)) }},
+	{"no endpoints, tcp: reset", func(e *env) { e.put(svc(e.f, "empty", 13, 80, tcp)) },
+		at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 13, 80) }, tcp),
+		func(f *family.Family) outcome { return rejected(true) }},
+	{"no endpoints, tcp from the node: reset", func(e *env) { e.put(svc(e.f, "empty", 13, 80, tcp)) },
+		at(fromNode, func(f *family.Family) netip.AddrPort { return cip(f, 13, 80) }, tcp),
+		func(f *family.Family) outcome { return rejected(true) }},
+	{"no endpoints, udp: icmp port unreachable", func(e *env) { e.put(svc(e.f, "empty", 13, 53, udp)) },
+		at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 13, 53) }, udp),
+		func(f *family.Family) outcome { return rejected(false) }},
+	{"no endpoints, nodePort: reset", func(e *env) { e.put(svc(e.f, "empty", 13, 80, tcp, nodePort(30099))) },
+		at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30099) }, tcp),
+		func(f *family.Family) outcome { return rejected(true) }},
+	{"no endpoints, externalIP: reset", func(e *env) { e.put(svc(e.f, "empty", 13, 80, tcp, externalIP(3))) },
+		at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 3, 80) }, tcp),
+		func(f *family.Family) outcome { return rejected(true) }},
+	{"reserved nodePort of the other family: rejected", func(e *env) {
+		e.node.ReservedNodePorts = []nodeport.Key{{Protocol: v1.ProtocolUDP, Port: 30555}}
+		twoRemote()(e)
+	}, at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30555) }, udp),
+		func(f *family.Family) outcome { return rejected(false) }},
+	{"unknown port of a clusterIP: rejected", twoRemote(), at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 10, 81) }, tcp),
+		func(f *family.Family) outcome { return rejected(true) }},
+	{"unallocated service IP: dropped", twoRemote(), at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 99, 80) }, tcp),
+		func(f *family.Family) outcome { return dropped() }},
+	{"hairpin: pod reaching itself is masqueraded", func(e *env) { e.put(svc(e.f, "self", 14, 80, tcp), ep(e.f, 1, 8080, true)) },
+		at(fromPod(1), func(f *family.Family) netip.AddrPort { return cip(f, 14, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, pod(f, 1, 8080)) }},
+	{"affinity: first connection may go to any endpoint", twoRemote(affinity(10800)), at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, both(f)...) }},
+	{"affinity on nodePort", twoRemote(affinity(60)), at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"other traffic is untouched", twoRemote(), at(fromPod(5), func(f *family.Family) netip.AddrPort { return ext(f, 50, 443) }, tcp),
+		func(f *family.Family) outcome { return outcome{verdict: nft.Accept} }},
+}
+
+// TestBehaviour runs every case for both families, once built by a cold start and
+// once by an incremental sync, and checks both build the same ruleset.
+func TestBehaviour(t *testing.T) {
+	for _, f := range family.All {
+		for _, tc := range behaviourCases {
+			t.Run(f.Name+"/"+tc.name, func(t *testing.T) {
+				cold := newEnv(t, f)
+				tc.setup(cold)
+				cold.sync(true)
+				cold.check(tc.pkt(f), tc.want(f))
+
+				inc := newEnv(t, f)
+				inc.sync(false)
+				tc.setup(inc)
+				var names []model.ServicePortName
+				for n := range inc.state.Ports {
+					names = append(names, n)
+				}
+				res, err := inc.b.Sync(t.Context(), &proxier.SyncRequest{State: inc.state, Changed: names, Node: inc.node, NodeChanged: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Transactions != 1 {
+					t.Errorf("incremental sync: %d transactions, want 1", res.Transactions)
+				}
+				inc.check(tc.pkt(f), tc.want(f))
+				if c, i := cold.fake.Dump(f), inc.fake.Dump(f); c != i {
+					t.Errorf("incremental ruleset differs from cold start:\ncold:\n%s\nincremental:\n%s", c, i)
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,287 @@
+package nftables
+
+import (
+	"net/netip"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nft"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+)
+
+// Key encodings (see pkg/nft): every field padded to 4 bytes.
+//
+//	vip key     addr . proto . port
+//	target key  addr . proto|marker . port   marker (the proto field's first pad byte)
+//	            0 = the ClusterIP's endpoint list, 1 = the other list (Local vs
+//	            Cluster) that external traffic needs; packets always load 0 there
+//	np key      proto . port
+//	endpoints   target . index → epaddr . epport
+
+func protoNum(p v1.Protocol) uint8 {
+	switch p {
+	case v1.ProtocolTCP:
+		return 6
+	case v1.ProtocolUDP:
+		return 17
+	case v1.ProtocolSCTP:
+		return 132
+	}
+	return 0
+}
+
+func vipKey(a netip.Addr, proto uint8, port uint16) string {
+	return string(nft.Concat(nft.AddrBytes(a), nft.ProtoBytes(proto), nft.PortBytes(port)))
+}
+
+func targetKey(a netip.Addr, proto uint8, port uint16, marker byte) string {
+	return string(nft.Concat(nft.AddrBytes(a), []byte{proto, marker, 0, 0}, nft.PortBytes(port)))
+}
+
+func npKeyBytes(proto uint8, port uint16) string {
+	return string(nft.Concat(nft.ProtoBytes(proto), nft.PortBytes(port)))
+}
+
+func epBytes(ap netip.AddrPort) string {
+	return string(nft.Concat(nft.AddrBytes(ap.Addr()), nft.PortBytes(ap.Port())))
+}
+
+// portBuilder computes one service port's contributions.
+type portBuilder struct {
+	ps     *model.PortState
+	proto  uint8
+	aff    uint32
+	out    []contrib
+	used   [2]bool
+	lists  [2][]model.Endpoint
+	marker func(local bool) byte
+}
+
+func (b *portBuilder) add(set setKey, key, data string) {
+	b.out = append(b.out, contrib{set: set, key: key, data: data})
+}
+
+// use marks the Local (or Cluster) endpoint list as needed and returns its target
+// key and size.
+func (b *portBuilder) use(local bool) (string, uint32) {
+	m := b.marker(local)
+	eps := b.ps.Cluster
+	if local {
+		eps = b.ps.Local
+	}
+	b.used[m], b.lists[m] = true, eps
+	return targetKey(b.ps.ClusterIP, b.proto, b.ps.Port, m), uint32(len(eps))
+}
+
+// portContribs computes what ps needs in the sets, updating rec.slots. A port with
+// a protocol the kernel rules can't match contributes nothing.
+func (c *cache) portContribs(ps *model.PortState, rec *portRecord) []contrib {
+	b := &portBuilder{ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds}
+	if b.proto == 0 || !c.x.f.Contains(ps.ClusterIP) {
+		rec.slots = [2][]netip.AddrPort{}
+		return nil
+	}
+	internalLocal := ps.InternalPolicyLocal
+	b.marker = func(local bool) byte {
+		if local == internalLocal {
+			return 0
+		}
+		return 1
+	}
+	b.add(fixedKey(setClusterIPs), string(nft.AddrBytes(ps.ClusterIP)), "")
+	b.clusterIP()
+	if ps.ExternallyAccessible() {
+		b.external()
+	}
+	b.firewall(c.node)
+	b.endpoints(rec)
+	return b.out
+}
+
+func (b *portBuilder) clusterIP() {
+	ps := b.ps
+	key := vipKey(ps.ClusterIP, b.proto, ps.Port)
+	switch {
+	case len(ps.InternalEndpoints()) > 0:
+		_, n := b.use(ps.InternalPolicyLocal)
+		b.add(groupKey(group{kind: kindSvc, n: n, timeout: b.aff}), key, "")
+	case ps.HasAny:
+		b.add(fixedKey(setNoLocalEndpointServices), key, "")
+	default:
+		b.add(fixedKey(setNoEndpointServices), key, "")
+	}
+}
+
+func (b *portBuilder) externalKeys() []string {
+	ps := b.ps
+	keys := make([]string, 0, len(ps.ExternalIPs)+len(ps.LoadBalancerVIPs))
+	for _, a := range slices.Concat(ps.ExternalIPs, ps.LoadBalancerVIPs) {
+		keys = append(keys, vipKey(a, b.proto, ps.Port))
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
+}
+
+// external handles ExternalIPs, LoadBalancer VIPs and the NodePort: ETP Cluster
+// goes to the cluster endpoints and is masqueraded; ETP Local goes to the local
+// ones, except from local pods and the node, which short-circuit to the cluster
+// endpoints. Without usable endpoints: reject, or drop when only other nodes have
+// endpoints.
+func (b *portBuilder) external() {
+	ps := b.ps
+	keys := b.externalKeys()
+	np := npKeyBytes(b.proto, ps.NodePort)
+	if len(ps.ExternalEndpoints()) > 0 {
+		target, n := b.use(ps.ExternalPolicyLocal)
+		ek, nk := kindExt, kindNP
+		if ps.ExternalPolicyLocal {
+			ek, nk = kindExtLocal, kindNPLocal
+		}
+		b.addExternal(keys, np, ek, nk, n, target)
+	} else {
+		svcSet, npSet := setNoEndpointServices, setNoEndpointNodePorts
+		if ps.HasAny {
+			svcSet, npSet = setNoLocalEndpointServices, setNoLocalEndpointNodePorts
+		}
+		for _, k := range keys {
+			b.add(fixedKey(svcSet), k, "")
+		}
+		if ps.NodePort != 0 {
+			b.add(fixedKey(npSet), np, "")
+		}
+	}
+	if ps.ExternalPolicyLocal && len(ps.Cluster) > 0 {
+		target, n := b.use(false)
+		b.addExternal(keys, np, kindExtShort, kindNPShort, n, target)
+	}
+}
+
+func (b *portBuilder) addExternal(keys []string, np string, ek, nk kind, n uint32, target string) {
+	for _, k := range keys {
+		b.add(groupKey(group{kind: ek, n: n, timeout: b.aff}), k, target)
+	}
+	if b.ps.NodePort != 0 {
+		b.add(groupKey(group{kind: nk, n: n, timeout: b.aff}), np, target)
+	}
+}
+
+// firewall writes loadBalancerSourceRanges: @firewall-ips guards each VIP and
+// @fw-allow-L holds vip . masked source for each range of length L. As kube-proxy
+// does, when a range holds the node's IP the VIPs themselves are allowed as sources
+// (a VIP bound locally loops back with itself as source).
+func (b *portBuilder) firewall(node *proxier.NodeConfig) {
+	ps := b.ps
+	if len(ps.LoadBalancerVIPs) == 0 || len(ps.SourceRanges) == 0 ||
+		slices.ContainsFunc(ps.SourceRanges, func(p netip.Prefix) bool { return p.Bits() == 0 }) {
+		return
+	}
+	fromNode := node != nil && slices.ContainsFunc(ps.SourceRanges, func(p netip.Prefix) bool { return p.Contains(node.NodeIP) })
+	for _, vip := range ps.LoadBalancerVIPs {
+		key := vipKey(vip, b.proto, ps.Port)
+		b.add(fixedKey(setFirewallIPs), key, "")
+		for _, p := range ps.SourceRanges {
+			b.add(fwKey(p.Bits()), key+string(nft.AddrBytes(p.Masked().Addr())), "")
+		}
+		if fromNode {
+			for _, src := range ps.LoadBalancerVIPs {
+				b.add(fwKey(src.BitLen()), key+string(nft.AddrBytes(src)), "")
+			}
+		}
+	}
+}
+
+// endpoints writes the used endpoint lists into @endpoints (and @endpoint-valid
+// with affinity), and local endpoints into @hairpin.
+func (b *portBuilder) endpoints(rec *portRecord) {
+	hairpin := map[netip.Addr]bool{}
+	for m := range b.used {
+		if !b.used[m] {
+			rec.slots[m] = nil
+			continue
+		}
+		rec.slots[m] = assignSlots(rec.slots[m], b.lists[m])
+		target := targetKey(b.ps.ClusterIP, b.proto, b.ps.Port, byte(m))
+		for i, ap := range rec.slots[m] {
+			ep := epBytes(ap)
+			b.add(fixedKey(setEndpoints), target+string(nft.IndexBytes(uint32(i))), ep)
+			if b.aff != 0 {
+				b.add(fixedKey(setEndpointValid), target+ep, "")
+			}
+		}
+		for _, e := range b.lists[m] {
+			if e.Local && !hairpin[e.Addr] {
+				hairpin[e.Addr] = true
+				a := string(nft.AddrBytes(e.Addr))
+				b.add(fixedKey(setHairpin), a+a, "")
+			}
+		}
+	}
+}
+
+// assignSlots gives eps dense indexes 0..len-1, keeping every endpoint that stays
+// in its old slot: new endpoints fill the holes first, and when the list shrinks the
+// last ones move into the remaining holes. A one-endpoint change thus rewrites at
+// most two @endpoints elements.
+func assignSlots(old []netip.AddrPort, eps []model.Endpoint) []netip.AddrPort {
+	want := make(map[netip.AddrPort]bool, len(eps))
+	for i := range eps {
+		want[eps[i].AddrPort()] = true
+	}
+	slots := make([]netip.AddrPort, 0, max(len(old), len(eps)))
+	have := make(map[netip.AddrPort]bool, len(old))
+	var holes []int
+	for _, ap := range old {
+		if want[ap] && !have[ap] {
+			have[ap] = true
+			slots = append(slots, ap)
+		} else {
+			holes = append(holes, len(slots))
+			slots = append(slots, netip.AddrPort{})
+		}
+	}
+	for i := range eps {
+		ap := eps[i].AddrPort()
+		if have[ap] {
+			continue
+		}
+		have[ap] = true
+		if len(holes) > 0 {
+			slots[holes[0]] = ap
+			holes = holes[1:]
+		} else {
+			slots = append(slots, ap)
+		}
+	}
+	for len(holes) > 0 {
+		last := len(slots) - 1
+		if h := holes[len(holes)-1]; h == last {
+			holes = holes[:len(holes)-1]
+		} else {
+			slots[holes[0]] = slots[last]
+			holes = holes[1:]
+		}
+		slots = slots[:last]
+	}
+	return slots
+}
+
+// nodeContribs are the elements that come from the node config: the NodePort
+// addresses (when not every local address) and the other family's NodePorts.
+func nodeContribs(x exprs, node *proxier.NodeConfig) []contrib {
+	var out []contrib
+	if !node.NodePortAddresses.MatchAll {
+		for _, a := range node.NodePortAddresses.Addrs {
+			if x.f.Contains(a) && !x.f.Loopback.Contains(a) {
+				out = append(out, contrib{set: fixedKey(setNodePortIPs), key: string(nft.AddrBytes(a))})
+			}
+		}
+	}
+	for _, k := range node.ReservedNodePorts {
+		if p := protoNum(k.Protocol); p != 0 && k.Port != 0 {
+			out = append(out, contrib{set: fixedKey(setReservedNodePorts), key: npKeyBytes(p, k.Port)})
+		}
+	}
+	return out
+}

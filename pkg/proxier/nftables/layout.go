@@ -1,0 +1,254 @@
+package nftables
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/google/nftables"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/nft"
+)
+
+// Table names. A cold start builds the whole ruleset under the name that is not live
+// and swaps it in with one small transaction, so the live table alternates between
+// the two names across rebuilds.
+const (
+	tableA = "dsproxy"
+	tableB = "dsproxy-b"
+)
+
+// TableNames are every table name the backend may use, in each family.
+var TableNames = []string{tableA, tableB}
+
+func otherTable(name string) string {
+	if name == tableA {
+		return tableB
+	}
+	return tableA
+}
+
+// fixedSet identifies one of the sets every table has.
+type fixedSet uint8
+
+const (
+	setEndpoints fixedSet = iota + 1
+	setEndpointValid
+	setAffinity
+	setClusterIPs
+	setNodePortIPs
+	setNoEndpointServices
+	setNoLocalEndpointServices
+	setNoEndpointNodePorts
+	setNoLocalEndpointNodePorts
+	setReservedNodePorts
+	setFirewallIPs
+	setHairpin
+	numFixedSets
+)
+
+var fixedSetNames = [numFixedSets]string{
+	setEndpoints:                "endpoints",
+	setEndpointValid:            "endpoint-valid",
+	setAffinity:                 "affinity",
+	setClusterIPs:               "cluster-ips",
+	setNodePortIPs:              "nodeport-ips",
+	setNoEndpointServices:       "no-endpoint-services",
+	setNoLocalEndpointServices:  "no-local-endpoint-services",
+	setNoEndpointNodePorts:      "no-endpoint-nodeports",
+	setNoLocalEndpointNodePorts: "no-local-endpoint-nodeports",
+	setReservedNodePorts:        "reserved-nodeports",
+	setFirewallIPs:              "firewall-ips",
+	setHairpin:                  "hairpin",
+}
+
+// kind is a class of dispatch sets: how the packet's key is read, whether it is
+// remapped to a target key and where the rules that use the set live.
+type kind uint8
+
+const (
+	// kindSvc: ClusterIPs. Plain set of daddr . l4proto . dport; the key is its own
+	// target key.
+	kindSvc kind = iota
+	// kindExt: ExternalIPs and LoadBalancer VIPs with externalTrafficPolicy Cluster.
+	// Map daddr . l4proto . dport → target key; the rule marks for masquerade.
+	kindExt
+	// kindExtLocal: the same with externalTrafficPolicy Local (no masquerade).
+	kindExtLocal
+	// kindExtShort: ETP Local addresses seen from local pods or the node itself:
+	// remapped to the cluster endpoints (kube-proxy's short-circuit).
+	kindExtShort
+	// kindNP, kindNPLocal, kindNPShort: the NodePort equivalents, keyed by
+	// l4proto . dport on the NodePort addresses.
+	kindNP
+	kindNPLocal
+	kindNPShort
+	numKinds
+)
+
+type kindInfo struct {
+	prefix   string
+	nodePort bool // key is l4proto . dport and rules check the NodePort addresses
+	remap    bool // a map to the target key (else a plain set)
+	// uses lists the chains holding this kind's rules and whether they mark the
+	// packet for masquerade.
+	uses []chainUse
+}
+
+type chainUse struct {
+	chain string
+	masq  bool
+}
+
+var kinds = [numKinds]kindInfo{
+	kindSvc:      {prefix: "svc", uses: []chainUse{{chainClusterIPLB, false}}},
+	kindExt:      {prefix: "ext", remap: true, uses: []chainUse{{chainExternalLB, true}}},
+	kindExtLocal: {prefix: "ext-local", remap: true, uses: []chainUse{{chainExternalLB, false}}},
+	kindExtShort: {prefix: "ext-short", remap: true, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
+	kindNP:       {prefix: "np", nodePort: true, remap: true, uses: []chainUse{{chainExternalLB, true}}},
+	kindNPLocal:  {prefix: "np-local", nodePort: true, remap: true, uses: []chainUse{{chainExternalLB, false}}},
+	kindNPShort:  {prefix: "np-short", nodePort: true, remap: true, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
+}
+
+// group is one dispatch set: a kind, an endpoint count and an affinity timeout (0
+// for none). Each group has one set and one rule (two with affinity) per chain use.
+type group struct {
+	kind    kind
+	n       uint32
+	timeout uint32
+}
+
+func (g group) name() string {
+	s := kinds[g.kind].prefix + "-" + strconv.FormatUint(uint64(g.n), 10)
+	if g.timeout != 0 {
+		s += "-a" + strconv.FormatUint(uint64(g.timeout), 10)
+	}
+	return s
+}
+
+func compareGroups(a, b group) int {
+	switch {
+	case a.kind != b.kind:
+		return int(a.kind) - int(b.kind)
+	case a.n != b.n:
+		return cmpU32(a.n, b.n)
+	}
+	return cmpU32(a.timeout, b.timeout)
+}
+
+func cmpU32(a, b uint32) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// setKey identifies a set in the cache: a fixed set, a dispatch group, or the
+// loadBalancerSourceRanges allow set of one prefix length (fwBits > 0).
+type setKey struct {
+	fixed  fixedSet
+	grp    group
+	isGrp  bool
+	fwBits uint8
+}
+
+func fixedKey(s fixedSet) setKey   { return setKey{fixed: s} }
+func groupKey(g group) setKey      { return setKey{grp: g, isGrp: true} }
+func fwKey(bits int) setKey        { return setKey{fwBits: uint8(bits)} }
+func (k setKey) dynamic() bool     { return k.isGrp || k.fwBits > 0 }
+func (k setKey) isFW() bool        { return k.fwBits > 0 }
+func (k setKey) fixedName() string { return fixedSetNames[k.fixed] }
+
+func (k setKey) name() string {
+	switch {
+	case k.isGrp:
+		return k.grp.name()
+	case k.fwBits > 0:
+		return "fw-allow-" + strconv.Itoa(int(k.fwBits))
+	}
+	return k.fixedName()
+}
+
+// addrType is the nftables datatype of one family's addresses.
+func addrType(f *family.Family) nftables.SetDatatype {
+	if f.BitLen == 128 {
+		return nftables.TypeIP6Addr
+	}
+	return nftables.TypeIPAddr
+}
+
+// setTypes are the key and data types of one family.
+type setTypes struct {
+	addr, vip, np, epKey, ep, epValid, affKey, fwKey, hairpin nftables.SetDatatype
+}
+
+func newSetTypes(f *family.Family) setTypes {
+	a := addrType(f)
+	proto, svc := nftables.TypeInetProto, nftables.TypeInetService
+	return setTypes{
+		addr:    a,
+		vip:     nftables.MustConcatSetType(a, proto, svc),
+		np:      nftables.MustConcatSetType(proto, svc),
+		epKey:   nftables.MustConcatSetType(a, proto, svc, nftables.TypeInteger),
+		ep:      nftables.MustConcatSetType(a, svc),
+		epValid: nftables.MustConcatSetType(a, proto, svc, a, svc),
+		affKey:  nftables.MustConcatSetType(a, a, proto, svc),
+		fwKey:   nftables.MustConcatSetType(a, proto, svc, a),
+		hairpin: nftables.MustConcatSetType(a, a),
+	}
+}
+
+// affinitySize bounds the kernel memory of the ClientIP affinity map.
+const affinitySize = 65535
+
+// setDef returns the definition of the set k in family types t.
+func (t setTypes) setDef(k setKey) *nft.Set {
+	s := &nft.Set{Name: k.name(), Concat: true}
+	switch {
+	case k.isGrp && kinds[k.grp.kind].remap:
+		s.IsMap = true
+		s.KeyType, s.DataType = t.vip, t.vip
+		if kinds[k.grp.kind].nodePort {
+			s.KeyType = t.np
+		}
+	case k.isGrp:
+		s.KeyType = t.vip
+	case k.isFW():
+		s.KeyType = t.fwKey
+	default:
+		t.fixedDef(s, k.fixed)
+	}
+	return s
+}
+
+func (t setTypes) fixedDef(s *nft.Set, f fixedSet) {
+	switch f {
+	case setEndpoints:
+		s.IsMap, s.KeyType, s.DataType = true, t.epKey, t.ep
+	case setEndpointValid:
+		s.KeyType = t.epValid
+	case setAffinity:
+		s.IsMap, s.KeyType, s.DataType = true, t.affKey, t.ep
+		s.Timeout, s.Dynamic, s.Size = true, true, affinitySize
+	case setClusterIPs, setNodePortIPs:
+		s.KeyType, s.Concat = t.addr, false
+	case setNoEndpointNodePorts, setNoLocalEndpointNodePorts, setReservedNodePorts:
+		s.KeyType = t.np
+	case setHairpin:
+		s.KeyType = t.hairpin
+	default: // the service-key sets
+		s.KeyType = t.vip
+	}
+}
+
+// unreadSets are never read back by a full sync: they are big (one element per
+// endpoint) or written by the packet path. See Backend.Sync for how they are kept
+// correct.
+func unreadSet(k setKey) bool {
+	return k.fixed == setEndpoints || k.fixed == setEndpointValid || k.fixed == setAffinity
+}
+
+func (k setKey) String() string { return fmt.Sprintf("set %s", k.name()) }

@@ -1,0 +1,332 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/dsproxy/dsproxy/internal/testaddr"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nft"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+)
+
+// recorder is a Kernel that remembers the last transaction it passed on; without an
+// inner kernel it accepts everything (for benchmarks of the pure-Go part).
+type recorder struct {
+	nft.Kernel
+	last *nft.Tx
+}
+
+func (r *recorder) Apply(ctx context.Context, tx *nft.Tx) error {
+	r.last = tx
+	if r.Kernel == nil {
+		return nil
+	}
+	return r.Kernel.Apply(ctx, tx)
+}
+
+func (r *recorder) ListTables(ctx context.Context, f *family.Family) ([]string, error) {
+	if r.Kernel == nil {
+		return nil, nil
+	}
+	return r.Kernel.ListTables(ctx, f)
+}
+
+// nonElementOps lists the operations of tx that are not element operations.
+func nonElementOps(tx *nft.Tx) []string {
+	var kinds []string
+	for _, op := range tx.Ops {
+		if op.Kind != nft.OpAddElements && op.Kind != nft.OpDeleteElements {
+			kinds = append(kinds, op.Kind.String()+" "+op.SetName+op.Name)
+		}
+	}
+	return kinds
+}
+
+// addrPlus returns base + i.
+func addrPlus(base netip.Addr, i int) netip.Addr {
+	b := base.AsSlice()
+	for j := len(b) - 1; j >= 0 && i > 0; j-- {
+		s := int(b[j]) + i
+		b[j], i = byte(s), s>>8
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// bigEnv returns an env with n services of 10 remote endpoints each (service 1 has
+// 11, so that @svc-11 exists), talking to a recorder over k.
+func bigEnv(tb testing.TB, f *family.Family, n int, k nft.Kernel) (*env, *recorder) {
+	e := newEnv(tb, f)
+	rec := &recorder{Kernel: k}
+	e.b = New(f, rec, Options{})
+	for i := range n {
+		sp := svc(f, fmt.Sprintf("s%d", i), 0, 80, tcp, nodePort(uint16(30000+i)))
+		sp.ClusterIP = addrPlus(testaddr.Svc(f, 0), 256+i)
+		count := 10
+		if i == 1 {
+			count = 11
+		}
+		eps := make([]model.Endpoint, count)
+		for j := range eps {
+			eps[j] = ep(f, 0, 8080, false)
+			eps[j].Addr = addrPlus(testaddr.Pod(f, 0), 256+i*16+j)
+		}
+		e.put(sp, eps...)
+	}
+	return e, rec
+}
+
+func (e *env) name(i int) model.ServicePortName {
+	return svc(e.f, fmt.Sprintf("s%d", i), 0, 80, tcp).Name
+}
+
+// TestOperationCounts checks that endpoint and service churn are a few element
+// operations and never touch chains or rules.
+func TestOperationCounts(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			fake := nft.NewFake()
+			e, rec := bigEnv(t, f, 1000, fake)
+			e.fake = fake
+			e.sync(true)
+			step := func(what string, max int, names ...model.ServicePortName) {
+				t.Helper()
+				res := e.sync(false, names...)
+				t.Logf("%s: %d ops", what, res.Operations)
+				if other := nonElementOps(rec.last); len(other) > 0 {
+					t.Errorf("%s: non-element operations %v", what, other)
+				}
+				if res.Transactions != 1 || res.Operations > max || res.Operations == 0 {
+					t.Errorf("%s: %d operations in %d transactions, want 1..%d in 1:\n%s", what, res.Operations, res.Transactions, max, rec.last)
+				}
+			}
+			name := e.name(5)
+			eps := e.eps[name]
+
+			// 10 -> 11 endpoints: one @endpoints element, @svc-10 -> @svc-11, @np-10 -> @np-11.
+			extra := ep(f, 0, 8080, false)
+			extra.Addr = addrPlus(testaddr.Pod(f, 0), 60000)
+			e.put(e.state.Ports[name].ServicePort, append(eps, extra)...)
+			step("add endpoint", 5, name)
+
+			// 11 -> 10, removing one in the middle: its slot gets the last endpoint
+			// (delete + add), the last slot goes, and the two key moves.
+			e.put(e.state.Ports[name].ServicePort, append(eps[:3:3], append(eps[4:], extra)...)...)
+			step("remove middle endpoint", 7, name)
+			e.check(to(fromPod(1), ap(e.state.Ports[name].ClusterIP, 80), tcp)(f), dnatTo(false, addrPorts(e.eps[name])...))
+
+			// Delete and re-add a whole service: O(endpoints).
+			sp := e.state.Ports[name].ServicePort
+			e.del(name)
+			step("delete service", 2*10+4, name)
+			e.put(sp, eps...)
+			step("add service", 2*10+4, name)
+			e.check(to(fromClient, nodeAP(f, sp.NodePort), tcp)(f), dnatTo(true, addrPorts(eps)...))
+		})
+	}
+}
+
+func addrPorts(eps []model.Endpoint) []netip.AddrPort {
+	out := make([]netip.AddrPort, len(eps))
+	for i := range eps {
+		out[i] = eps[i].AddrPort()
+	}
+	return out
+}
+
+// TestNewCountAddsRules checks that a new endpoint count adds its set and rules once.
+func TestNewCountAddsRules(t *testing.T) {
+	e := newEnv(t, family.IPv4)
+	name := e.put(svc(e.f, "web", 10, 80, tcp), ep(e.f, 1, 8080, false))
+	e.sync(true)
+	e.put(e.state.Ports[name].ServicePort, ep(e.f, 1, 8080, false), ep(e.f, 2, 8080, false), ep(e.f, 3, 8080, false))
+	e.sync(false, name)
+	if !strings.Contains(e.fake.Dump(e.f), "@svc-3") {
+		t.Errorf("no rule for @svc-3:\n%s", e.fake.Dump(e.f))
+	}
+	// The now unused @svc-1 goes at the next full sync.
+	res := e.sync(true)
+	if res.Repairs != 0 {
+		t.Errorf("full sync found %d repairs on an untouched kernel", res.Repairs)
+	}
+	if strings.Contains(e.fake.Dump(e.f), "svc-1 ") {
+		t.Errorf("@svc-1 not garbage-collected:\n%s", e.fake.Dump(e.f))
+	}
+	e.check(to(fromPod(5), cip(e.f, 10, 80), tcp)(e.f), dnatTo(false, pod(e.f, 1, 8080), pod(e.f, 2, 8080), pod(e.f, 3, 8080)))
+}
+
+// TestFailureRecovery: after a failed transaction the next sync rebuilds.
+func TestFailureRecovery(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t, f)
+			name := e.put(svc(f, "web", 10, 80, tcp), ep(f, 1, 8080, false))
+			e.sync(true)
+			e.put(e.state.Ports[name].ServicePort, ep(f, 2, 8080, false))
+			e.fake.FailNext(syscall.ENOBUFS)
+			_, err := e.b.Sync(t.Context(), &proxier.SyncRequest{State: e.state, Changed: []model.ServicePortName{name}, Node: e.node})
+			if !errors.Is(err, syscall.ENOBUFS) || !strings.Contains(err.Error(), f.Name) {
+				t.Fatalf("sync error %v, want ENOBUFS naming %s", err, f)
+			}
+			e.check(to(fromPod(5), cip(f, 10, 80), tcp)(f), dnatTo(false, pod(f, 1, 8080))) // old rules still work
+			e.sync(true)
+			e.check(to(fromPod(5), cip(f, 10, 80), tcp)(f), dnatTo(false, pod(f, 2, 8080)))
+			if tables, _ := e.fake.ListTables(t.Context(), f); len(tables) != 1 {
+				t.Errorf("tables after rebuild: %v", tables)
+			}
+		})
+	}
+}
+
+// TestDriftRepair deletes state behind the backend's back; a full sync repairs it.
+func TestDriftRepair(t *testing.T) {
+	cases := []struct {
+		name   string
+		break_ func(e *env, table string) *nft.Tx
+	}{
+		{"element", func(e *env, table string) *nft.Tx {
+			tx := nft.NewTx(e.f)
+			tx.DeleteElements(table, "svc-1", []nft.Element{{Key: []byte(vipKey(testaddr.Svc(e.f, 10), tcp, 80))}})
+			return tx
+		}},
+		{"extra element", func(e *env, table string) *nft.Tx {
+			tx := nft.NewTx(e.f)
+			tx.AddElements(table, "no-endpoint-services", []nft.Element{{Key: []byte(vipKey(testaddr.Svc(e.f, 10), tcp, 80))}})
+			return tx
+		}},
+		{"flushed chain", func(e *env, table string) *nft.Tx {
+			tx := nft.NewTx(e.f)
+			tx.SetChain(table, &nft.Chain{Name: chainClusterIPLB})
+			return tx
+		}},
+		{"table", func(e *env, table string) *nft.Tx {
+			tx := nft.NewTx(e.f)
+			tx.DeleteTable(table)
+			return tx
+		}},
+	}
+	for _, f := range family.All {
+		for _, tc := range cases {
+			t.Run(f.Name+"/"+tc.name, func(t *testing.T) {
+				e := newEnv(t, f)
+				e.put(svc(f, "web", 10, 80, tcp), ep(f, 1, 8080, false))
+				e.sync(true)
+				if err := e.fake.Apply(t.Context(), tc.break_(e, e.b.Table())); err != nil {
+					t.Fatal(err)
+				}
+				if res := e.sync(true); res.Repairs == 0 {
+					t.Errorf("full sync found no repairs")
+				}
+				e.check(to(fromPod(5), cip(f, 10, 80), tcp)(f), dnatTo(false, pod(f, 1, 8080)))
+				if res := e.sync(true); res.Repairs != 0 || res.Operations != 0 {
+					t.Errorf("second full sync: %+v, want nothing to do", res)
+				}
+			})
+		}
+	}
+}
+
+// TestCleanup removes every table of both families.
+func TestCleanup(t *testing.T) {
+	e := newEnv(t, family.IPv4)
+	e.put(svc(e.f, "web", 10, 80, tcp), ep(e.f, 1, 8080, false))
+	e.sync(true)
+	e.sync(true) // may swap table names on a rebuild; leftovers must go too
+	other := New(family.IPv6, e.fake, Options{})
+	if _, err := other.Sync(t.Context(), &proxier.SyncRequest{State: model.NewState(), Node: defaultNode(family.IPv6)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.b.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range family.All {
+		if d := e.fake.Dump(f); d != "" {
+			t.Errorf("%s after cleanup:\n%s", f, d)
+		}
+	}
+}
+
+// TestRestartSwapsWithoutGap: a new backend over a live table builds the new one
+// beside it and swaps in one transaction that also deletes the old one.
+func TestRestartSwapsWithoutGap(t *testing.T) {
+	e := newEnv(t, family.IPv6)
+	e.put(svc(e.f, "web", 10, 80, tcp), ep(e.f, 1, 8080, false))
+	e.sync(true)
+	rec := &recorder{Kernel: e.fake}
+	e.b = New(e.f, rec, Options{MaxElementsPerTx: 2})
+	res := e.sync(true)
+	if res.Transactions < 2 {
+		t.Errorf("cold start in %d transactions, want several of <= 2 elements", res.Transactions)
+	}
+	last := rec.last.String()
+	if !strings.Contains(last, "delete table ip6 dsproxy\n") || !strings.Contains(last, "type nat hook prerouting") {
+		t.Errorf("swap transaction:\n%s", last)
+	}
+	if e.b.Table() != tableB {
+		t.Errorf("live table %q, want %q", e.b.Table(), tableB)
+	}
+	e.check(to(fromPod(5), cip(e.f, 10, 80), tcp)(e.f), dnatTo(false, pod(e.f, 1, 8080)))
+}
+
+// TestAffinitySticks: a client keeps its endpoint, until that endpoint goes.
+func TestAffinitySticks(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t, f)
+			name := e.put(svc(f, "web", 10, 80, tcp, affinity(10800)), ep(f, 1, 8080, false), ep(f, 2, 8080, false), ep(f, 3, 8080, false))
+			e.sync(true)
+			p := to(fromPod(5), cip(f, 10, 80), tcp)(f)
+			first, err := e.fake.Trace(e.tnode(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.check(p, dnatTo(false, first.DNAT))
+			var rest []model.Endpoint
+			for _, x := range e.eps[name] {
+				if x.AddrPort() != first.DNAT {
+					rest = append(rest, x)
+				}
+			}
+			e.put(e.state.Ports[name].ServicePort, rest...)
+			e.sync(false, name)
+			e.check(p, dnatTo(false, addrPorts(rest)...))
+		})
+	}
+}
+
+// TestTableNamesAreDistinct guards the swap logic.
+func TestTableNamesAreDistinct(t *testing.T) {
+	if otherTable(tableA) != tableB || otherTable(tableB) != tableA || otherTable("") != tableA {
+		t.Error("otherTable")
+	}
+}
+
+func TestAssignSlots(t *testing.T) {
+	f := family.IPv4
+	eps := func(ns ...int) []model.Endpoint {
+		var out []model.Endpoint
+		for _, n := range ns {
+			out = append(out, ep(f, n, 80, false))
+		}
+		return out
+	}
+	s := assignSlots(nil, eps(1, 2, 3, 4))
+	s2 := assignSlots(s, eps(1, 3, 4)) // 2 removed: 4 moves into slot 1
+	if fmt.Sprint(s2) != fmt.Sprint([]netip.AddrPort{pod(f, 1, 80), pod(f, 4, 80), pod(f, 3, 80)}) {
+		t.Errorf("remove: %v", s2)
+	}
+	s3 := assignSlots(s2, eps(1, 3, 4, 5, 6))
+	if fmt.Sprint(s3[:3]) != fmt.Sprint(s2) || len(s3) != 5 {
+		t.Errorf("add: %v", s3)
+	}
+	if s4 := assignSlots(s3, eps(6)); fmt.Sprint(s4) != fmt.Sprint([]netip.AddrPort{pod(f, 6, 80)}) {
+		t.Errorf("shrink: %v", s4)
+	}
+}

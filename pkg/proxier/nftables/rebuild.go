@@ -1,0 +1,201 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nft"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+)
+
+// rebuild builds the whole ruleset from req under the table name that is not live,
+// without base chains, in transactions of at most MaxElementsPerTx elements; the
+// last one adds the base chains and deletes the old table, so traffic switches
+// atomically and is never left without rules. repairs is carried into the result.
+//
+// The alternative, one transaction that deletes and recreates the table, holds the
+// nftables lock for the whole load (about 2 s at 30k services in the spike) where
+// the chunked build holds it at most about 0.33 s per chunk; the swap itself only
+// adds eight one-rule base chains and deletes a table, whose elements the kernel
+// frees after the commit.
+func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs int) (SyncResult, error) {
+	res := SyncResult{Repairs: repairs}
+	b.dirty = true // until the swap commits
+	live, err := b.liveTable(ctx)
+	if err != nil {
+		return res, err
+	}
+	target := otherTable(live)
+	c := newCache(b.x)
+	c.setNode(req.Node)
+	names := make([]model.ServicePortName, 0, len(req.State.Ports))
+	for n := range req.State.Ports {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, model.ServicePortName.Compare)
+	for _, n := range names {
+		c.setPort(n, req.State.Ports[n])
+	}
+	p := c.drain(target, true)
+	p.chains = c.chainOps(target)
+	txs := b.coldTxs(c, target, p)
+	for i, tx := range txs {
+		if err := b.apply(ctx, tx, &res); err != nil {
+			return res, fmt.Errorf("nftables %s: rebuild of table %s, transaction %d of %d: %w", b.f, target, i+1, len(txs), err)
+		}
+	}
+	b.c, b.table, b.dirty = c, target, false
+	return res, nil
+}
+
+// coldTxs splits a fresh table's plan into transactions: the first creates the
+// table, sets and regular chains; element additions fill transactions up to the
+// limit; the last also hooks the table in and deletes the other table name.
+func (b *Backend) coldTxs(c *cache, target string, p *plan) []*nft.Tx {
+	first := nft.NewTx(b.f)
+	first.DeleteTable(target)
+	first.AddTable(target)
+	first.Ops = slices.Concat(first.Ops, p.addSets, p.chains)
+	txs := []*nft.Tx{first}
+	cur, n := first, 0
+	for _, op := range p.adds {
+		for elems := op.Elements; len(elems) > 0; {
+			if n == b.opts.MaxElementsPerTx {
+				cur, n = nft.NewTx(b.f), 0
+				txs = append(txs, cur)
+			}
+			k := min(b.opts.MaxElementsPerTx-n, len(elems))
+			cur.AddElements(target, op.SetName, elems[:k])
+			elems, n = elems[k:], n+k
+		}
+	}
+	for _, ch := range b.x.baseChainList() {
+		c.chains[ch.Name] = ch
+		cur.SetChain(target, ch)
+	}
+	cur.DeleteTable(otherTable(target))
+	return txs
+}
+
+// liveTable returns the name of the table whose base chains are hooked in, or "".
+func (b *Backend) liveTable(ctx context.Context) (string, error) {
+	tables, err := b.k.ListTables(ctx, b.f)
+	if err != nil {
+		return "", fmt.Errorf("nftables %s: listing tables: %w", b.f, err)
+	}
+	for _, name := range TableNames {
+		if !slices.Contains(tables, name) {
+			continue
+		}
+		chains, err := b.k.ListChains(ctx, b.f, name)
+		if err != nil {
+			return "", fmt.Errorf("nftables %s: listing chains of table %s: %w", b.f, name, err)
+		}
+		if slices.ContainsFunc(chains, func(c *nft.Chain) bool { return c.Hook != nil }) {
+			return name, nil
+		}
+	}
+	return "", nil
+}
+
+// verify compares the kernel with the cache and queues repairs into tx: the chains
+// (by their canonical text) and the elements of every set but @endpoints,
+// @endpoint-valid and @affinity. A missing table, chain or set, or a chain that
+// differs, asks for a rebuild: a rule may name a set that was deleted with it, and
+// the big sets can't be checked cheaply. Element differences are repaired in place.
+func (b *Backend) verify(ctx context.Context, tx *nft.Tx) (repairs int, rebuild bool, err error) {
+	chains, err := b.k.ListChains(ctx, b.f, b.table)
+	if nft.IsNotFound(err) {
+		return 1, true, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("nftables %s: listing chains of table %s: %w", b.f, b.table, err)
+	}
+	have := make(map[string]*nft.Chain, len(chains))
+	for _, ch := range chains {
+		have[ch.Name] = ch
+	}
+	for name, want := range b.c.chains {
+		if !chainsEqual(have[name], want) {
+			repairs++
+		}
+	}
+	if repairs > 0 {
+		return repairs, true, nil
+	}
+	for _, k := range b.c.sortedSetKeys() {
+		s := b.c.sets[k]
+		if unreadSet(k) || !s.written {
+			continue
+		}
+		n, missing, err := b.repairSet(ctx, tx, s)
+		if err != nil {
+			return 0, false, err
+		}
+		if missing {
+			return repairs + 1, true, nil
+		}
+		repairs += n
+	}
+	return repairs, false, nil
+}
+
+// repairSet queues the operations that make the kernel's set s match the cache and
+// returns how many elements differed.
+func (b *Backend) repairSet(ctx context.Context, tx *nft.Tx, s *setState) (int, bool, error) {
+	got, err := b.k.ListElements(ctx, b.f, b.table, s.def.Name)
+	if nft.IsNotFound(err) {
+		return 0, true, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("nftables %s: reading set %s/%s: %w", b.f, b.table, s.def.Name, err)
+	}
+	var del, add []nft.Element
+	seen := make(map[string]bool, len(got))
+	for _, e := range got {
+		key := string(e.Key)
+		seen[key] = true
+		want, ok := s.elems[key]
+		data, _ := want.effectiveOrNil()
+		switch {
+		case !ok:
+			del = append(del, nft.Element{Key: e.Key})
+		case s.def.IsMap && string(e.Data) != data:
+			del = append(del, nft.Element{Key: e.Key})
+			add = append(add, elementOf(key, data, true))
+		}
+	}
+	for key, e := range s.elems {
+		if !seen[key] {
+			data, _ := e.effective()
+			add = append(add, elementOf(key, data, s.def.IsMap))
+		}
+	}
+	tx.DeleteElements(b.table, s.def.Name, del)
+	tx.AddElements(b.table, s.def.Name, add)
+	return len(del) + len(add) - countBoth(del, add), false, nil
+}
+
+// countBoth counts keys that are both deleted and re-added (one repair each).
+func countBoth(del, add []nft.Element) int {
+	keys := make(map[string]bool, len(del))
+	for _, e := range del {
+		keys[string(e.Key)] = true
+	}
+	n := 0
+	for _, e := range add {
+		if keys[string(e.Key)] {
+			n++
+		}
+	}
+	return n
+}
+
+func (e *element) effectiveOrNil() (string, bool) {
+	if e == nil {
+		return "", false
+	}
+	return e.effective()
+}
