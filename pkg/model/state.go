@@ -41,7 +41,11 @@ func (p *PortState) Equal(o *PortState) bool {
 // endpoints. It is a pure function of a ServiceMap, an EndpointsMap and NodeInfo,
 // kept up to date incrementally by Update.
 type State struct {
-	Ports     map[ServicePortName]*PortState
+	Ports map[ServicePortName]*PortState
+	// Previous holds, after each Update, the former state of every port that Update
+	// reported changed (nil for ports that are new), so a sync can clean up after
+	// what went away (stale conntrack entries).
+	Previous  map[ServicePortName]*PortState
 	byService map[types.NamespacedName][]ServicePortName
 }
 
@@ -66,6 +70,10 @@ func (s *State) Update(svcs ServiceMap, eps EndpointsMap, node NodeInfo, changed
 			changed[nn] = true
 		}
 	}
+	clear(s.Previous)
+	if s.Previous == nil {
+		s.Previous = make(map[ServicePortName]*PortState)
+	}
 	var out []ServicePortName
 	for nn := range changed {
 		out = s.updateService(nn, svcs[nn], eps, node, out)
@@ -78,14 +86,16 @@ func (s *State) updateService(nn types.NamespacedName, ports []*ServicePort, eps
 	names := old[:0:0]
 	for _, sp := range ports {
 		ps := &PortState{ServicePort: sp, Selection: Categorize(sp, eps[sp.Name], node)}
-		if !ps.Equal(s.Ports[sp.Name]) {
+		if old := s.Ports[sp.Name]; !ps.Equal(old) {
 			out = append(out, sp.Name)
+			s.Previous[sp.Name] = old
 		}
 		s.Ports[sp.Name] = ps
 		names = append(names, sp.Name)
 	}
 	for _, name := range old {
 		if !containsName(names, name) {
+			s.Previous[name] = s.Ports[name]
 			delete(s.Ports, name)
 			out = append(out, name)
 		}

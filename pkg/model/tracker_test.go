@@ -123,3 +123,21 @@ func TestStateUpdate(t *testing.T) {
 		})
 	}
 }
+
+func TestStatePrevious(t *testing.T) {
+	f := family.IPv4
+	tr := NewServiceTracker(f)
+	svcs, eps, st := ServiceMap{}, EndpointsMap{}, NewState()
+	svc := svcFor(f, nil)
+	tr.Update(nil, svc)
+	names := st.Update(svcs, eps, NodeInfo{}, tr.Checkout(svcs, false), false)
+	if len(names) != 1 || st.Previous[names[0]] != nil || len(st.Previous) != 1 {
+		t.Fatalf("new port: previous %v", st.Previous)
+	}
+	before := st.Ports[names[0]]
+	tr.Update(svc, nil)
+	st.Update(svcs, eps, NodeInfo{}, tr.Checkout(svcs, false), false)
+	if st.Previous[names[0]] != before || len(st.Ports) != 0 {
+		t.Fatalf("deleted port: previous %v", st.Previous)
+	}
+}

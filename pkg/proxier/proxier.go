@@ -12,6 +12,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/dsproxy/dsproxy/pkg/conntrack"
 	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/metaproxier"
@@ -43,6 +44,8 @@ type Config struct {
 	HealthTimeout time.Duration
 	// Observer, if set, is told about every sync (metrics).
 	Observer Observer
+	// Conntrack, if set, deletes UDP and SCTP flows that changes made stale.
+	Conntrack conntrack.Cleaner
 }
 
 // Observer receives sync events; implementations must be cheap and thread-safe.
@@ -253,6 +256,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	}
 	p.lastNode = nodeCfg
 	p.lastNodeZone = nodeInfo.Zone
+	p.clearStaleFlows(req.Changed)
 	klog.V(2).InfoS("Synced", "ipFamily", p.cfg.Family.Name, "full", full, "changedPorts", len(req.Changed),
 		"operations", res.Operations, "repairs", res.Repairs, "elapsed", time.Since(start))
 	return nil

@@ -1,0 +1,107 @@
+package proxier
+
+import (
+	"net/netip"
+	"slices"
+
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/conntrack"
+	"github.com/dsproxy/dsproxy/pkg/model"
+)
+
+// staleFlows returns the conntrack filters that remove the UDP and SCTP flows a
+// change of one service port made stale: flows DNATed to endpoints that no longer
+// serve it, flows to frontends (ClusterIP, ExternalIPs, LoadBalancer VIPs, NodePort)
+// that are gone, and flows that were rejected while the port had no endpoints.
+// Connection-oriented TCP needs none of this: its conntrack entries die with the
+// connections. old or cur is nil for a port that is new or deleted.
+func staleFlows(old, cur *model.PortState) []conntrack.Filter {
+	ps := cur
+	if ps == nil {
+		ps = old
+	}
+	proto, ok := conntrack.ProtocolFor(ps.Protocol)
+	if !ok || proto == conntrack.TCP {
+		return nil
+	}
+	oldServing, curServing := serving(old), serving(cur)
+	lost := slices.ContainsFunc(oldServing, func(a netip.AddrPort) bool { return !slices.Contains(curServing, a) })
+	gained := len(oldServing) == 0 && len(curServing) > 0
+	curFronts := frontends(cur)
+	var out []conntrack.Filter
+	for _, fr := range frontends(old) {
+		if slices.Contains(curFronts, fr) && !lost && !gained {
+			continue
+		}
+		keep := curServing
+		if !slices.Contains(curFronts, fr) {
+			keep = nil
+		}
+		out = append(out, conntrack.ForStaleEndpoints(proto, fr.Addr(), fr.Port(), keep))
+	}
+	if gained {
+		for _, fr := range curFronts {
+			if !slices.Contains(frontends(old), fr) {
+				out = append(out, conntrack.ForStaleEndpoints(proto, fr.Addr(), fr.Port(), curServing))
+			}
+		}
+	}
+	return out
+}
+
+// serving lists the endpoints a port's traffic may go to.
+func serving(ps *model.PortState) []netip.AddrPort {
+	if ps == nil {
+		return nil
+	}
+	var out []netip.AddrPort
+	for _, list := range [][]model.Endpoint{ps.Cluster, ps.Local} {
+		for i := range list {
+			if ap := list[i].AddrPort(); !slices.Contains(out, ap) {
+				out = append(out, ap)
+			}
+		}
+	}
+	return out
+}
+
+// frontends lists the addresses and ports a port is reached at; a NodePort is an
+// invalid address with the node port.
+func frontends(ps *model.PortState) []netip.AddrPort {
+	if ps == nil {
+		return nil
+	}
+	out := []netip.AddrPort{netip.AddrPortFrom(ps.ClusterIP, ps.Port)}
+	for _, a := range ps.ExternalIPs {
+		out = append(out, netip.AddrPortFrom(a, ps.Port))
+	}
+	for _, a := range ps.LoadBalancerVIPs {
+		out = append(out, netip.AddrPortFrom(a, ps.Port))
+	}
+	if ps.NodePort != 0 {
+		out = append(out, netip.AddrPortFrom(netip.Addr{}, ps.NodePort))
+	}
+	return out
+}
+
+// clearStaleFlows deletes the stale flows of the ports a sync changed. Failures are
+// logged: a stale UDP flow is a degraded service, not a reason to fail the sync.
+func (p *Proxier) clearStaleFlows(changed []model.ServicePortName) {
+	if p.cfg.Conntrack == nil {
+		return
+	}
+	var filters []conntrack.Filter
+	for _, name := range changed {
+		filters = append(filters, staleFlows(p.state.Previous[name], p.state.Ports[name])...)
+	}
+	if len(filters) == 0 {
+		return
+	}
+	n, err := p.cfg.Conntrack.Clear(p.cfg.Family, filters...)
+	if err != nil {
+		klog.ErrorS(err, "Clearing stale conntrack entries", "ipFamily", p.cfg.Family.Name, "filters", len(filters))
+		return
+	}
+	klog.V(2).InfoS("Cleared stale conntrack entries", "ipFamily", p.cfg.Family.Name, "entries", n, "filters", len(filters))
+}

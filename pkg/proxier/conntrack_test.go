@@ -1,0 +1,131 @@
+package proxier
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/dsproxy/dsproxy/internal/testaddr"
+	"github.com/dsproxy/dsproxy/pkg/conntrack"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
+)
+
+func portState(f *family.Family, proto v1.Protocol, nodePort uint16, pods ...int) *model.PortState {
+	ps := &model.PortState{ServicePort: &model.ServicePort{ClusterIP: testaddr.Svc(f, 10), Port: 53, Protocol: proto, NodePort: nodePort}}
+	for _, n := range pods {
+		ps.Cluster = append(ps.Cluster, model.Endpoint{Addr: testaddr.Pod(f, n), Port: 5353, Ready: true})
+	}
+	return ps
+}
+
+func TestStaleFlows(t *testing.T) {
+	type flow struct {
+		dst   func(f *family.Family) netip.AddrPort
+		reply int // pod number the flow was DNATed to; 0: not DNATed (rejected)
+	}
+	cluster := func(f *family.Family) netip.AddrPort { return netip.AddrPortFrom(testaddr.Svc(f, 10), 53) }
+	nodePort := func(f *family.Family) netip.AddrPort { return netip.AddrPortFrom(testaddr.Node(f, 1), 30053) }
+	cases := []struct {
+		name          string
+		old, cur      func(f *family.Family) *model.PortState
+		cleared, kept []flow
+		filters       int
+	}{
+		{name: "TCP never needs cleanup",
+			old: func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolTCP, 0, 1, 2) },
+			cur: func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolTCP, 0, 1) }},
+		{name: "UDP endpoint added: nothing stale",
+			old: func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 0, 1) },
+			cur: func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 0, 1, 2) }},
+		{name: "UDP endpoint removed: its flows go, others stay",
+			old:     func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 30053, 1, 2) },
+			cur:     func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 30053, 1) },
+			cleared: []flow{{cluster, 2}, {nodePort, 2}}, kept: []flow{{cluster, 1}, {nodePort, 1}}, filters: 2},
+		{name: "UDP gains its first endpoint: rejected flows go",
+			old:     func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 0) },
+			cur:     func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 0, 1) },
+			cleared: []flow{{cluster, 0}}, filters: 1},
+		{name: "new UDP service with endpoints clears earlier rejected flows",
+			cur:     func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 0, 1) },
+			cleared: []flow{{cluster, 0}}, filters: 1},
+		{name: "SCTP service deleted: all its flows go",
+			old:     func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolSCTP, 30053, 1) },
+			cleared: []flow{{cluster, 1}, {nodePort, 1}}, filters: 2},
+	}
+	for _, f := range family.All {
+		for _, tc := range cases {
+			t.Run(f.Name+"/"+tc.name, func(t *testing.T) {
+				var old, cur *model.PortState
+				if tc.old != nil {
+					old = tc.old(f)
+				}
+				if tc.cur != nil {
+					cur = tc.cur(f)
+				}
+				filters := staleFlows(old, cur)
+				if len(filters) != tc.filters {
+					t.Fatalf("%d filters, want %d: %+v", len(filters), tc.filters, filters)
+				}
+				matches := func(fl flow) bool {
+					dst := fl.dst(f)
+					reply := dst
+					if fl.reply != 0 {
+						reply = netip.AddrPortFrom(testaddr.Pod(f, fl.reply), 5353)
+					}
+					flw := conntrack.Flow{Protocol: conntrack.UDP, OrigSrc: netip.AddrPortFrom(testaddr.Client(f, 1), 4000), OrigDst: dst, ReplySrc: reply}
+					if ps := cur; ps != nil || old != nil {
+						if ps == nil {
+							ps = old
+						}
+						flw.Protocol, _ = conntrack.ProtocolFor(ps.Protocol)
+					}
+					for _, fi := range filters {
+						if fi.Match(flw) {
+							return true
+						}
+					}
+					return false
+				}
+				for _, fl := range tc.cleared {
+					if !matches(fl) {
+						t.Errorf("flow to %s via pod %d not cleared", fl.dst(f), fl.reply)
+					}
+				}
+				for _, fl := range tc.kept {
+					if matches(fl) {
+						t.Errorf("flow to %s via pod %d cleared", fl.dst(f), fl.reply)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestSyncClearsStaleFlows(t *testing.T) {
+	f := family.IPv4
+	p, _ := newTestProxier(t, f, nil)
+	fake := conntrack.NewFake()
+	p.cfg.Conntrack = fake
+	svc := service(f, "dns", f)
+	svc.Spec.Ports[0].Protocol = v1.ProtocolUDP
+	es := endpointSlice(f, "dns", 1, 2)
+	es.Ports[0].Protocol = &svc.Spec.Ports[0].Protocol
+	p.OnServiceAdd(svc)
+	p.OnEndpointSliceAdd(es)
+	if err := p.Sync(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	calls := len(fake.Calls())
+	es2 := es.DeepCopy()
+	es2.Endpoints = es2.Endpoints[:1]
+	p.OnEndpointSliceUpdate(es, es2)
+	if err := p.Sync(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if len(fake.Calls()) != calls+1 {
+		t.Fatalf("endpoint removal made %d conntrack calls", len(fake.Calls())-calls)
+	}
+}
