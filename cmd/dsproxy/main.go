@@ -1,0 +1,69 @@
+// Command dsproxy is a dual-stack Kubernetes service proxy that replaces kube-proxy.
+// It takes kube-proxy's flags and KubeProxyConfiguration file.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/app"
+	"github.com/dsproxy/dsproxy/pkg/config"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			fmt.Fprintf(os.Stdout, "Usage of dsproxy (kube-proxy compatible flags):\n%s", config.FlagUsages())
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "dsproxy:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	cfg, err := config.Parse(args)
+	if err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	for _, w := range cfg.Warnings {
+		klog.InfoS("Configuration warning", "warning", w)
+	}
+	// SIGTERM stops the daemon without touching the rules, so traffic keeps flowing
+	// until the next dsproxy (or anything else) takes over.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if cfg.Cleanup || cfg.CleanupKubeProxy {
+		return app.Cleanup(ctx, cfg.CleanupKubeProxy)
+	}
+	rc, err := app.RESTConfig(cfg)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("API client: %w", err)
+	}
+	d, err := app.New(ctx, cfg, client, nil)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	klog.InfoS("dsproxy starting", "families", fmt.Sprint(d.Families()))
+	if err := d.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	klog.InfoS("dsproxy stopped; rules left in place")
+	return nil
+}

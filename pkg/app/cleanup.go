@@ -1,0 +1,44 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/nft"
+	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
+)
+
+// KubeProxyTable is the nftables table kube-proxy's nftables mode owns in the ip and
+// ip6 families.
+const KubeProxyTable = "kube-proxy"
+
+// Cleanup removes everything dsproxy created in both families, and with kubeProxy
+// also kube-proxy's nftables tables (for a migration from kube-proxy's nftables
+// mode). Missing state is not an error. kube-proxy's iptables-mode chains are not
+// removed yet.
+func Cleanup(ctx context.Context, kubeProxy bool) error {
+	k, err := nft.NewNetlink()
+	if err != nil {
+		return fmt.Errorf("cleanup: opening netlink: %w", err)
+	}
+	defer k.Close()
+	var errs []error
+	for _, f := range family.All {
+		if err := nftables.New(f, k, nftables.Options{}).Cleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f, err))
+		}
+		if kubeProxy {
+			tx := nft.NewTx(f)
+			tx.DeleteTable(KubeProxyTable)
+			if err := k.Apply(ctx, tx); err != nil {
+				errs = append(errs, fmt.Errorf("%s: deleting kube-proxy's table: %w", f, err))
+			}
+		}
+		klog.InfoS("Cleaned up", "ipFamily", f.Name, "kubeProxy", kubeProxy)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,184 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/config"
+	"github.com/dsproxy/dsproxy/pkg/conntrack"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/metaproxier"
+	"github.com/dsproxy/dsproxy/pkg/nft"
+	"github.com/dsproxy/dsproxy/pkg/nodeip"
+	"github.com/dsproxy/dsproxy/pkg/nodeport"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
+	"github.com/dsproxy/dsproxy/pkg/runner"
+	"github.com/dsproxy/dsproxy/pkg/watch"
+)
+
+// Daemon is an assembled dsproxy. New builds it; Run runs it.
+type Daemon struct {
+	cfg      *config.Config
+	client   kubernetes.Interface
+	nodeName string
+	spec     nodeip.Spec
+	meta     *metaproxier.MetaProxier
+	registry *nodeport.Registry
+	proxiers map[*family.Family]*proxier.Proxier
+	kernels  []*nft.Netlink
+	// Observer, when set before Run, receives every family's sync results.
+	Observer proxier.Observer
+}
+
+// New assembles the daemon: it reads the Node for node IPs and decides which
+// families run, and opens a netlink connection per family. It programs nothing.
+func New(ctx context.Context, cfg *config.Config, client kubernetes.Interface, obs proxier.Observer) (*Daemon, error) {
+	if cfg.ProxyMode != config.ModeNFTables {
+		return nil, fmt.Errorf("--proxy-mode %q: dsproxy implements %q so far", cfg.ProxyMode, config.ModeNFTables)
+	}
+	name, err := NodeName(cfg)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := NodeIPSpec(cfg)
+	if err != nil {
+		return nil, err
+	}
+	npSpecs, err := nodeport.ParseAddresses(cfg.NodePortAddresses)
+	if err != nil {
+		return nil, fmt.Errorf("--nodeport-addresses: %w", err)
+	}
+	d := &Daemon{cfg: cfg, client: client, nodeName: name, spec: spec,
+		registry: nodeport.New(klog.Background()), proxiers: map[*family.Family]*proxier.Proxier{}, Observer: obs}
+	node := waitForNode(ctx, client, name, 30*time.Second)
+	ips, err := nodeip.NodeIPs(node, spec, nodeip.Options{Mode: nodeip.NoCloud, Interfaces: nodeip.HostInterfaces{}})
+	if err != nil {
+		return nil, fmt.Errorf("node IPs of %s: %w", name, err)
+	}
+	klog.InfoS("Node IPs", "node", name, "ips", ips.String())
+	var fps []metaproxier.FamilyProxier
+	for _, f := range family.All {
+		if err := ips.Usable(f); err != nil {
+			klog.InfoS("Not proxying this family", "ipFamily", f.Name, "reason", err.Error())
+			continue
+		}
+		p, err := d.newProxier(f, ips.For(f), npSpecs[f], node)
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+		d.proxiers[f] = p
+		fps = append(fps, p)
+	}
+	if len(fps) == 0 {
+		d.Close()
+		return nil, fmt.Errorf("%w (node IPs %s)", errNoFamily, ips.String())
+	}
+	if d.meta, err = metaproxier.New(fps...); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, node *v1.Node) (*proxier.Proxier, error) {
+	k, err := nft.NewNetlink()
+	if err != nil {
+		return nil, fmt.Errorf("%s: opening netlink: %w", f, err)
+	}
+	d.kernels = append(d.kernels, k)
+	rebuild := 12
+	if sp := d.cfg.SyncPeriod; sp > 0 {
+		rebuild = max(1, int(time.Hour/sp))
+	}
+	return proxier.New(proxier.Config{
+		Family:        f,
+		NodeName:      d.nodeName,
+		Backend:       nftables.New(f, k, nftables.Options{RebuildEvery: rebuild}),
+		NodePorts:     d.registry,
+		NodePortSpec:  np,
+		NodeIP:        ip,
+		Local:         localDetector(d.cfg, f, node),
+		MasqueradeAll: d.cfg.MasqueradeAll,
+		Runner:        runner.Options{MinInterval: d.cfg.MinSyncPeriod, FullResyncPeriod: d.cfg.SyncPeriod},
+		Observer:      d.Observer,
+		Conntrack:     conntrack.New(),
+	})
+}
+
+// Families returns the families the daemon proxies.
+func (d *Daemon) Families() []*family.Family { return d.meta.Families() }
+
+// Health reports per-family status.
+func (d *Daemon) Health() map[*family.Family]metaproxier.FamilyStatus { return d.meta.Health() }
+
+// Proxier returns the family's proxier, or nil.
+func (d *Daemon) Proxier(f *family.Family) *proxier.Proxier { return d.proxiers[f] }
+
+// Run starts the informers, waits for their caches so the first sync programs the
+// whole cluster rather than a partial view (a partial view would reject Services
+// whose endpoints were not listed yet), then runs both families until ctx is done.
+// Stopping leaves the rules in place: a restarted dsproxy takes over from them.
+func (d *Daemon) Run(ctx context.Context) error {
+	h := &handler{MetaProxier: d.meta, d: d}
+	if err := watch.Start(ctx, d.client, h, watch.Options{NodeName: d.nodeName, ResyncPeriod: d.cfg.ConfigSyncPeriod, ServiceCIDRs: true}); err != nil {
+		return err
+	}
+	return d.meta.Run(ctx)
+}
+
+// Close releases the netlink connections.
+func (d *Daemon) Close() {
+	for _, k := range d.kernels {
+		_ = k.Close()
+	}
+}
+
+// handler adds to the MetaProxier's fan-out what is shared by the families: the
+// NodePort registry and the node IPs.
+type handler struct {
+	*metaproxier.MetaProxier
+	d *Daemon
+}
+
+func (h *handler) OnServiceAdd(s *v1.Service) { h.d.registry.Update(s); h.MetaProxier.OnServiceAdd(s) }
+
+func (h *handler) OnServiceUpdate(old, cur *v1.Service) {
+	h.d.registry.Update(cur)
+	h.MetaProxier.OnServiceUpdate(old, cur)
+}
+
+func (h *handler) OnServiceDelete(s *v1.Service) {
+	h.d.registry.Delete(s)
+	h.MetaProxier.OnServiceDelete(s)
+}
+
+func (h *handler) OnNodeAdd(n *v1.Node) { h.followNodeIPs(n); h.MetaProxier.OnNodeAdd(n) }
+
+func (h *handler) OnNodeUpdate(old, cur *v1.Node) {
+	h.followNodeIPs(cur)
+	h.MetaProxier.OnNodeUpdate(old, cur)
+}
+
+// followNodeIPs recomputes the node IPs from a changed Node, so NodePorts on the
+// primary address follow it without a restart. A Node whose addresses no longer
+// yield an IP of a running family keeps the last good one.
+func (h *handler) followNodeIPs(n *v1.Node) {
+	ips, err := nodeip.NodeIPs(n, h.d.spec, nodeip.Options{Mode: nodeip.NoCloud, Interfaces: nodeip.HostInterfaces{}})
+	if err != nil {
+		klog.ErrorS(err, "Keeping previous node IPs", "node", n.Name)
+		return
+	}
+	for f, p := range h.d.proxiers {
+		if ip := ips.For(f); ip.IsValid() {
+			p.SetNodeIP(ip)
+		}
+	}
+}
