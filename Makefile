@@ -44,6 +44,7 @@ lint:
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags netns $(PKGS)
 	$(STATICCHECK) $(PKGS)
+	$(STATICCHECK) -tags netns $(PKGS)
 
 deps:
 	hack/install-deps.sh

@@ -1,0 +1,129 @@
+// Package manifests checks the deployment manifests in deploy/ offline: they decode
+// strictly into their API types, the DaemonSet's arguments and the ConfigMap's
+// KubeProxyConfiguration are accepted by dsproxy's own configuration parser. The
+// e2e suite additionally validates them against a real API server (dry-run).
+package manifests
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dsproxy/dsproxy/pkg/config"
+)
+
+func documents(t *testing.T, path string) [][]byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]byte
+	for _, d := range bytes.Split(data, []byte("\n---\n")) {
+		if len(bytes.TrimSpace(d)) > 0 {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func strict(t *testing.T, doc []byte, into any) {
+	t.Helper()
+	if err := yaml.UnmarshalStrict(doc, into); err != nil {
+		t.Fatalf("decoding %T: %v", into, err)
+	}
+}
+
+func TestConfigMapIsAValidKubeProxyConfiguration(t *testing.T) {
+	var cm v1.ConfigMap
+	strict(t, documents(t, "../../deploy/configmap.yaml")[0], &cm)
+	cfg, err := config.Decode([]byte(cm.Data["config.conf"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ProxyMode != config.ModeNFTables || len(cfg.ClusterCIDRs) != 2 {
+		t.Fatalf("unexpected config: mode %q clusterCIDRs %v", cfg.ProxyMode, cfg.ClusterCIDRs)
+	}
+}
+
+func TestDaemonSet(t *testing.T) {
+	var ds appsv1.DaemonSet
+	strict(t, documents(t, "../../deploy/daemonset.yaml")[0], &ds)
+	spec := ds.Spec.Template.Spec
+	if !spec.HostNetwork || len(spec.Containers) != 1 {
+		t.Fatal("dsproxy must run with host networking, one container")
+	}
+	c := spec.Containers[0]
+	sc := c.SecurityContext
+	if sc == nil || sc.Privileged == nil || *sc.Privileged || sc.Capabilities == nil {
+		t.Fatal("the container must not be privileged and must name its capabilities")
+	}
+	if !contains(sc.Capabilities.Add, "NET_ADMIN") {
+		t.Fatalf("capabilities %v lack NET_ADMIN", sc.Capabilities.Add)
+	}
+	if ds.Spec.Selector == nil || ds.Spec.Selector.MatchLabels["k8s-app"] != ds.Spec.Template.Labels["k8s-app"] {
+		t.Fatal("selector does not match the template labels")
+	}
+	// The arguments must parse as dsproxy flags, with the config file from the
+	// ConfigMap in place.
+	var cm v1.ConfigMap
+	strict(t, documents(t, "../../deploy/configmap.yaml")[0], &cm)
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/config.conf", []byte(cm.Data["config.conf"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	for _, a := range c.Command[1:] {
+		a = strings.ReplaceAll(a, "$(NODE_NAME)", "node-a")
+		args = append(args, strings.ReplaceAll(a, "/var/lib/dsproxy", dir))
+	}
+	cfg, err := config.Parse(args)
+	if err != nil {
+		t.Fatalf("DaemonSet args %v: %v", args, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.HostnameOverride != "node-a" {
+		t.Fatalf("hostname override %q", cfg.HostnameOverride)
+	}
+}
+
+func TestRBACIsReadOnlyExceptEvents(t *testing.T) {
+	docs := documents(t, "../../deploy/rbac.yaml")
+	var role rbacv1.ClusterRole
+	for _, d := range docs {
+		if strings.Contains(string(d), "\nkind: ClusterRole\n") {
+			strict(t, d, &role)
+		}
+	}
+	if len(role.Rules) == 0 {
+		t.Fatal("no ClusterRole found")
+	}
+	for _, r := range role.Rules {
+		events := contains(r.Resources, "events")
+		for _, v := range r.Verbs {
+			if !events && v != "get" && v != "list" && v != "watch" {
+				t.Errorf("rule %v grants %q", r.Resources, v)
+			}
+		}
+	}
+}
+
+func contains[T ~string](list []T, s T) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
