@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/app"
@@ -36,6 +37,9 @@ func run(args []string) error {
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	if err := logsapi.ValidateAndApply(&cfg.Logging, nil); err != nil {
+		return fmt.Errorf("logging configuration: %w", err)
 	}
 	for _, w := range cfg.Warnings {
 		klog.InfoS("Configuration warning", "warning", w)
