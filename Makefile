@@ -4,7 +4,7 @@ STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 PKGS      := ./...
 BIN       := bin
 
-.PHONY: all build test test-unit test-netns fuzz bench lint deps demo clean
+.PHONY: all build test test-unit test-netns test-e2e fuzz-smoke bench bench-smoke lint deps demo clean
 
 all: build
 
@@ -13,7 +13,7 @@ build:
 
 # Everything CI checks: lint, unit tests with the race detector, fuzz smoke runs,
 # benchmark smoke runs, and the root-only kernel tests in network namespaces.
-test: lint test-unit fuzz-smoke bench-smoke test-netns
+test: lint test-unit fuzz-smoke bench-smoke test-netns test-e2e
 
 test-unit:
 	$(GO) test -race -count=1 $(PKGS)
@@ -21,6 +21,12 @@ test-unit:
 # Root-only tests: each creates its own network namespaces and removes them.
 test-netns:
 	$(GO) test -count=1 -tags netns -p 1 ./test/netns/... ./pkg/...
+
+# End-to-end: a real etcd + kube-apiserver + kube-controller-manager (built once
+# from the Go module proxy and cached) in a network namespace, dsproxy in another.
+test-e2e:
+	hack/controlplane/build.sh
+	$(GO) test -count=1 -tags e2e,netns -p 1 -timeout 20m ./test/e2e/...
 
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./pkg/endpointslice:FuzzIngest ./pkg/model:FuzzServicePorts \
@@ -43,8 +49,10 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags netns $(PKGS)
+	$(GO) vet -tags e2e,netns $(PKGS)
 	$(STATICCHECK) $(PKGS)
 	$(STATICCHECK) -tags netns $(PKGS)
+	$(STATICCHECK) -tags e2e,netns $(PKGS)
 
 deps:
 	hack/install-deps.sh
