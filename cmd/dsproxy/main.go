@@ -59,7 +59,7 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("API client: %w", err)
 	}
-	d, err := app.New(ctx, cfg, client, nil)
+	d, err := app.New(ctx, cfg, client)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"time"
 
@@ -13,7 +14,9 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/conntrack"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/healthcheck"
 	"github.com/dsproxy/dsproxy/pkg/metaproxier"
+	"github.com/dsproxy/dsproxy/pkg/metrics"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/nodeip"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
@@ -33,13 +36,15 @@ type Daemon struct {
 	registry *nodeport.Registry
 	proxiers map[*family.Family]*proxier.Proxier
 	kernels  []*nft.Netlink
-	// Observer, when set before Run, receives every family's sync results.
-	Observer proxier.Observer
+	metrics  *metrics.Metrics
+	health   *healthcheck.ProxyHealthServer
+	svcHC    *healthcheck.ServiceHealthServer
+	local    *localState
 }
 
 // New assembles the daemon: it reads the Node for node IPs and decides which
 // families run, and opens a netlink connection per family. It programs nothing.
-func New(ctx context.Context, cfg *config.Config, client kubernetes.Interface, obs proxier.Observer) (*Daemon, error) {
+func New(ctx context.Context, cfg *config.Config, client kubernetes.Interface) (*Daemon, error) {
 	if cfg.ProxyMode != config.ModeNFTables {
 		return nil, fmt.Errorf("--proxy-mode %q: dsproxy implements %q so far", cfg.ProxyMode, config.ModeNFTables)
 	}
@@ -56,8 +61,13 @@ func New(ctx context.Context, cfg *config.Config, client kubernetes.Interface, o
 		return nil, fmt.Errorf("--nodeport-addresses: %w", err)
 	}
 	d := &Daemon{cfg: cfg, client: client, nodeName: name, spec: spec,
-		registry: nodeport.New(klog.Background()), proxiers: map[*family.Family]*proxier.Proxier{}, Observer: obs}
+		registry: nodeport.New(klog.Background()), proxiers: map[*family.Family]*proxier.Proxier{}, metrics: metrics.New()}
+	nodeport.MustRegister(d.metrics.Registry())
+	d.health = healthcheck.NewProxyHealthServer(healthcheck.ProxyHealthConfig{Health: d.Health, Recorder: d.metrics})
+	d.svcHC = healthcheck.NewServiceHealthServer(healthcheck.ServiceHealthConfig{ProxyHealthy: d.health.Healthy})
+	d.local = newLocalState(d.metrics, d.svcHC)
 	node := waitForNode(ctx, client, name, 30*time.Second)
+	d.health.SetNode(node)
 	ips, err := nodeip.NodeIPs(node, spec, nodeip.Options{Mode: nodeip.NoCloud, Interfaces: nodeip.HostInterfaces{}})
 	if err != nil {
 		return nil, fmt.Errorf("node IPs of %s: %w", name, err)
@@ -99,17 +109,18 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 		rebuild = max(1, int(time.Hour/sp))
 	}
 	return proxier.New(proxier.Config{
-		Family:        f,
-		NodeName:      d.nodeName,
-		Backend:       nftables.New(f, k, nftables.Options{RebuildEvery: rebuild}),
-		NodePorts:     d.registry,
-		NodePortSpec:  np,
-		NodeIP:        ip,
-		Local:         localDetector(d.cfg, f, node),
-		MasqueradeAll: d.cfg.MasqueradeAll,
-		Runner:        runner.Options{MinInterval: d.cfg.MinSyncPeriod, FullResyncPeriod: d.cfg.SyncPeriod},
-		Observer:      d.Observer,
-		Conntrack:     conntrack.New(),
+		Family:            f,
+		NodeName:          d.nodeName,
+		Backend:           nftables.New(f, k, nftables.Options{RebuildEvery: rebuild}),
+		NodePorts:         d.registry,
+		NodePortSpec:      np,
+		NodeIP:            ip,
+		Local:             localDetector(d.cfg, f, node),
+		MasqueradeAll:     d.cfg.MasqueradeAll,
+		Runner:            runner.Options{MinInterval: d.cfg.MinSyncPeriod, FullResyncPeriod: d.cfg.SyncPeriod},
+		Observer:          d.metrics,
+		Conntrack:         conntrack.New(),
+		LocalStateChanged: d.local.update,
 	})
 }
 
@@ -127,6 +138,9 @@ func (d *Daemon) Proxier(f *family.Family) *proxier.Proxier { return d.proxiers[
 // whose endpoints were not listed yet), then runs both families until ctx is done.
 // Stopping leaves the rules in place: a restarted dsproxy takes over from them.
 func (d *Daemon) Run(ctx context.Context) error {
+	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics))
+	go serveHTTP(ctx, "healthz", d.cfg.HealthzBindAddress, d.health.Handler())
+	defer d.svcHC.Close()
 	h := &handler{MetaProxier: d.meta, d: d}
 	if err := watch.Start(ctx, d.client, h, watch.Options{NodeName: d.nodeName, ResyncPeriod: d.cfg.ConfigSyncPeriod, ServiceCIDRs: true}); err != nil {
 		return err
@@ -160,11 +174,30 @@ func (h *handler) OnServiceDelete(s *v1.Service) {
 	h.MetaProxier.OnServiceDelete(s)
 }
 
-func (h *handler) OnNodeAdd(n *v1.Node) { h.followNodeIPs(n); h.MetaProxier.OnNodeAdd(n) }
+func (h *handler) OnNodeAdd(n *v1.Node) {
+	h.d.health.SetNode(n)
+	h.followNodeIPs(n)
+	h.MetaProxier.OnNodeAdd(n)
+}
 
 func (h *handler) OnNodeUpdate(old, cur *v1.Node) {
+	h.d.health.SetNode(cur)
 	h.followNodeIPs(cur)
 	h.MetaProxier.OnNodeUpdate(old, cur)
+}
+
+func (h *handler) OnNodeDelete(n *v1.Node) {
+	h.d.health.SetNode(nil)
+	h.MetaProxier.OnNodeDelete(n)
+}
+
+// metricsMux serves /metrics, plus /healthz answering ok as kube-proxy's metrics
+// server does.
+func metricsMux(m *metrics.Metrics) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	return mux
 }
 
 // followNodeIPs recomputes the node IPs from a changed Node, so NodePorts on the

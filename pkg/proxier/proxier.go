@@ -46,6 +46,10 @@ type Config struct {
 	Observer Observer
 	// Conntrack, if set, deletes UDP and SCTP flows that changes made stale.
 	Conntrack conntrack.Cleaner
+	// LocalStateChanged, if set, is called on the sync goroutine after a successful
+	// sync that may have changed what depends on local endpoints (health check node
+	// ports, no-local-endpoint counts). It may read st until it returns.
+	LocalStateChanged func(f *family.Family, st *model.State)
 }
 
 // Observer receives sync events; implementations must be cheap and thread-safe.
@@ -257,6 +261,9 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	p.lastNode = nodeCfg
 	p.lastNodeZone = nodeInfo.Zone
 	p.clearStaleFlows(req.Changed)
+	if p.cfg.LocalStateChanged != nil && (full || p.localChanged(req.Changed)) {
+		p.cfg.LocalStateChanged(p.cfg.Family, p.state)
+	}
 	klog.V(2).InfoS("Synced", "ipFamily", p.cfg.Family.Name, "full", full, "changedPorts", len(req.Changed),
 		"operations", res.Operations, "repairs", res.Repairs, "elapsed", time.Since(start))
 	return nil
@@ -283,4 +290,17 @@ func (p *Proxier) nodeInputs() (model.NodeInfo, *NodeConfig, error) {
 		cfg.ReservedNodePorts = p.cfg.NodePorts.ReservedFor(p.cfg.Family).Keys
 	}
 	return model.NodeInfoFrom(p.cfg.NodeName, node), cfg, nil
+}
+
+// localChanged reports whether a changed port, before or after, depends on local
+// endpoints.
+func (p *Proxier) localChanged(changed []model.ServicePortName) bool {
+	for _, name := range changed {
+		for _, ps := range []*model.PortState{p.state.Previous[name], p.state.Ports[name]} {
+			if ps != nil && (ps.HealthCheckNodePort != 0 || ps.UsesLocalEndpoints()) {
+				return true
+			}
+		}
+	}
+	return false
 }

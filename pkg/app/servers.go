@@ -1,0 +1,87 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/healthcheck"
+	"github.com/dsproxy/dsproxy/pkg/metrics"
+	"github.com/dsproxy/dsproxy/pkg/model"
+)
+
+// localState merges what each family knows about local endpoints into the service
+// health server and the no-local-endpoints gauges. Each family reports from its own
+// sync goroutine.
+type localState struct {
+	metrics *metrics.Metrics
+	svcHC   *healthcheck.ServiceHealthServer
+
+	mu       sync.Mutex
+	services map[*family.Family]map[types.NamespacedName]uint16
+	counts   map[*family.Family]map[types.NamespacedName]int
+}
+
+func newLocalState(m *metrics.Metrics, s *healthcheck.ServiceHealthServer) *localState {
+	return &localState{metrics: m, svcHC: s,
+		services: map[*family.Family]map[types.NamespacedName]uint16{},
+		counts:   map[*family.Family]map[types.NamespacedName]int{}}
+}
+
+// update is a proxier.Config.LocalStateChanged callback.
+func (l *localState) update(f *family.Family, st *model.State) {
+	internal, external := metrics.NoLocalEndpoints(st)
+	l.metrics.SetNoLocalEndpoints(f, internal, external)
+	svcs, counts := healthcheck.FromState(st)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.services[f], l.counts[f] = svcs, counts
+	// Endpoint addresses of different families never coincide, so a dual-stack
+	// Service's local endpoints are the sum over families.
+	allSvcs, allCounts := map[types.NamespacedName]uint16{}, map[types.NamespacedName]int{}
+	for fam := range l.services {
+		for nn, port := range l.services[fam] {
+			allSvcs[nn] = port
+		}
+		for nn, n := range l.counts[fam] {
+			allCounts[nn] += n
+		}
+	}
+	l.svcHC.SyncServices(allSvcs)
+	l.svcHC.SyncEndpoints(allCounts)
+}
+
+// serveHTTP serves h on addr until ctx is done, retrying a failed listen every 5 s
+// as kube-proxy does; an empty addr disables the server.
+func serveHTTP(ctx context.Context, name, addr string, h http.Handler) {
+	if addr == "" {
+		return
+	}
+	for {
+		l, err := net.Listen("tcp", addr)
+		if err == nil {
+			srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			go func() {
+				<-ctx.Done()
+				_ = srv.Close()
+			}()
+			klog.InfoS("Serving", "server", name, "address", addr)
+			if err = srv.Serve(l); errors.Is(err, http.ErrServerClosed) {
+				return
+			}
+		}
+		klog.ErrorS(err, "Server failed; retrying", "server", name, "address", addr)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
