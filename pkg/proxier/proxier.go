@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/conntrack"
@@ -70,6 +71,9 @@ type Proxier struct {
 	node         *v1.Node
 	nodeIP       netip.Addr
 	serviceCIDRs []netip.Prefix
+	// triggers holds, per Service, the earliest EndpointSlice trigger time
+	// (endpoints.kubernetes.io/last-change-trigger-time) not yet programmed.
+	triggers map[types.NamespacedName]time.Time
 
 	// Owned by the sync goroutine.
 	svcMap       model.ServiceMap
@@ -176,7 +180,48 @@ func (p *Proxier) onSlice(es *discovery.EndpointSlice, deleted bool) {
 		changed = p.slices.Update(es)
 	}
 	if changed {
+		p.recordTrigger(es)
 		p.runner.Trigger()
+	}
+}
+
+// recordTrigger remembers when the controller saw the change behind es, for
+// kubeproxy_network_programming_duration_seconds.
+func (p *Proxier) recordTrigger(es *discovery.EndpointSlice) {
+	t, err := time.Parse(time.RFC3339Nano, es.Annotations[v1.EndpointsLastChangeTriggerTime])
+	if err != nil {
+		return
+	}
+	nn := types.NamespacedName{Namespace: es.Namespace, Name: es.Labels[discovery.LabelServiceName]}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.triggers == nil {
+		p.triggers = map[types.NamespacedName]time.Time{}
+	}
+	if old, ok := p.triggers[nn]; !ok || t.Before(old) {
+		p.triggers[nn] = t
+	}
+}
+
+// observeProgramming reports the trigger times of the Services a successful sync
+// programmed.
+func (p *Proxier) observeProgramming(changed map[types.NamespacedName]bool) {
+	po, ok := p.cfg.Observer.(interface {
+		ObserveProgramming(f *family.Family, trigger time.Time)
+	})
+	p.mu.Lock()
+	var times []time.Time
+	for nn := range changed {
+		if t, found := p.triggers[nn]; found {
+			times = append(times, t)
+			delete(p.triggers, nn)
+		}
+	}
+	p.mu.Unlock()
+	for _, t := range times {
+		if ok {
+			po.ObserveProgramming(p.cfg.Family, t)
+		}
 	}
 }
 
@@ -249,6 +294,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 		NodeChanged: !nodeCfg.Equal(p.lastNode),
 	}
 	if !req.Full && !req.NodeChanged && len(req.Changed) == 0 {
+		p.observeProgramming(changed)
 		return nil
 	}
 	res, err := p.cfg.Backend.Sync(ctx, req)
@@ -261,6 +307,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	p.lastNode = nodeCfg
 	p.lastNodeZone = nodeInfo.Zone
 	p.clearStaleFlows(req.Changed)
+	p.observeProgramming(changed)
 	if p.cfg.LocalStateChanged != nil && (full || p.localChanged(req.Changed)) {
 		p.cfg.LocalStateChanged(p.cfg.Family, p.state)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -166,5 +167,33 @@ func TestReservedNodePortsFollowTheOtherFamily(t *testing.T) {
 				t.Fatalf("reservation not released: %+v (%v)", b.last(t).Node, err)
 			}
 		})
+	}
+}
+
+type programmingObserver struct{ got []time.Time }
+
+func (o *programmingObserver) SyncDone(*family.Family, bool, time.Duration, SyncResult, error) {}
+func (o *programmingObserver) ObserveProgramming(_ *family.Family, t time.Time) {
+	o.got = append(o.got, t)
+}
+
+func TestNetworkProgrammingTriggerTimes(t *testing.T) {
+	f := family.IPv6
+	p, _ := newTestProxier(t, f, nil)
+	obs := &programmingObserver{}
+	p.cfg.Observer = obs
+	p.OnServiceAdd(service(f, "web", f))
+	es := endpointSlice(f, "web", 1)
+	trigger := time.Date(2026, 11, 22, 1, 2, 3, 0, time.UTC)
+	es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
+	p.OnEndpointSliceAdd(es)
+	if err := p.Sync(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if len(obs.got) != 1 || !obs.got[0].Equal(trigger) {
+		t.Fatalf("observed %v, want [%v]", obs.got, trigger)
+	}
+	if err := p.Sync(context.Background(), false); err != nil || len(obs.got) != 1 {
+		t.Fatalf("a trigger time was observed twice: %v (%v)", obs.got, err)
 	}
 }

@@ -192,7 +192,7 @@ func newSetTypes(f *family.Family) setTypes {
 		addr:    a,
 		vip:     nftables.MustConcatSetType(a, proto, svc),
 		np:      nftables.MustConcatSetType(proto, svc),
-		epKey:   nftables.MustConcatSetType(a, proto, svc, nftables.TypeInteger),
+		epKey:   nftables.MustConcatSetType(a, proto, svc, nftables.TypeMark),
 		ep:      nftables.MustConcatSetType(a, svc),
 		epValid: nftables.MustConcatSetType(a, proto, svc, a, svc),
 		affKey:  nftables.MustConcatSetType(a, a, proto, svc),
