@@ -4,7 +4,7 @@ STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 PKGS      := ./...
 BIN       := bin
 
-.PHONY: all build test test-unit test-netns test-e2e fuzz-smoke bench bench-smoke lint deps demo clean
+.PHONY: all build test test-unit test-netns test-e2e fuzz-smoke bench bench-kernel bench-smoke lint deps demo clean
 
 all: build
 
@@ -20,7 +20,7 @@ test-unit:
 
 # Root-only tests: each creates its own network namespaces and removes them.
 test-netns:
-	$(GO) test -count=1 -tags netns -p 1 ./test/netns/... ./pkg/...
+	$(GO) test -count=1 -tags netns -p 1 ./test/netns/... ./pkg/... ./bench/...
 
 # End-to-end: a real etcd + kube-apiserver + kube-controller-manager (built once
 # from the Go module proxy and cached) in a network namespace, dsproxy in another.
@@ -41,6 +41,11 @@ fuzz-smoke:
 
 bench-smoke:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./bench/... ./pkg/...
+
+# Real-kernel figures (root): cold start, one-endpoint and one-service
+# transactions, first-packet latency, at 1k/10k/30k dual-stack Services.
+bench-kernel:
+	DSPROXY_BENCH_SIZES=$${DSPROXY_BENCH_SIZES:-1000,10000,30000} $(GO) test -tags netns -run TestKernelFigures -v -count=1 -timeout 30m ./bench/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./bench/... ./pkg/...

@@ -31,16 +31,17 @@ func ServiceIP(f *family.Family, i int) netip.Addr {
 	if f == family.IPv4 {
 		return netip.AddrFrom4([4]byte{10, 96 + byte(i>>16), byte(i >> 8), byte(i)})
 	}
-	return netip.AddrFrom16([16]byte{0: 0xfd, 2: 0x96, 13: byte(i >> 16), 14: byte(i >> 8), 15: byte(i)})
+	return netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x00, 2: 0x00, 3: 0x96, 13: byte(i >> 16), 14: byte(i >> 8), 15: byte(i)})
 }
 
-// EndpointIP returns endpoint j of Service i in family f, in 10.64.0.0/10 and fd00:64::/64.
+// EndpointIP returns endpoint j of Service i in family f, in 10.64.0.0/10 and
+// fd00:64::/64; distinct for every i below 65536 and j below 64.
 func EndpointIP(f *family.Family, i, j int) netip.Addr {
 	n := i*64 + j
 	if f == family.IPv4 {
-		return netip.AddrFrom4([4]byte{10, 64 + byte(n>>24&0x3f), byte(n >> 16), byte(n >> 8)}).Next()
+		return netip.AddrFrom4([4]byte{10, 64 + byte(n>>16&0x3f), byte(n >> 8), byte(n)})
 	}
-	return netip.AddrFrom16([16]byte{0: 0xfd, 2: 0x64, 12: byte(n >> 24), 13: byte(n >> 16), 14: byte(n >> 8), 15: byte(n)})
+	return netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x00, 2: 0x00, 3: 0x64, 12: byte(n >> 24), 13: byte(n >> 16), 14: byte(n >> 8), 15: byte(n)})
 }
 
 // Service returns Service i.

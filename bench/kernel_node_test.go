@@ -1,0 +1,492 @@
+//go:build netns
+
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/nft"
+	"github.com/dsproxy/dsproxy/pkg/nodeport"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
+	"github.com/dsproxy/dsproxy/test/netns"
+)
+
+// timedKernel is an nft.Kernel decorator that records how long each Apply takes:
+// the kernel transaction alone (netlink encoding, send, commit, acks), without the
+// model and diff work of the sync around it.
+type timedKernel struct {
+	nft.Kernel
+	mu  sync.Mutex
+	txs []txTime
+}
+
+// txTime is one transaction's duration; structural says it did more than add and
+// delete elements (sets, chains, tables).
+type txTime struct {
+	d          time.Duration
+	structural bool
+}
+
+func (k *timedKernel) Apply(ctx context.Context, tx *nft.Tx) error {
+	start := time.Now()
+	err := k.Kernel.Apply(ctx, tx)
+	d := time.Since(start)
+	structural := false
+	for _, op := range tx.Ops {
+		structural = structural || (op.Kind != nft.OpAddElements && op.Kind != nft.OpDeleteElements)
+	}
+	k.mu.Lock()
+	k.txs = append(k.txs, txTime{d: d, structural: structural})
+	k.mu.Unlock()
+	return err
+}
+
+// take returns the transactions recorded since the last take.
+func (k *timedKernel) take() []txTime {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	t := k.txs
+	k.txs = nil
+	return t
+}
+
+func durations(ts []txTime) []time.Duration {
+	ds := make([]time.Duration, len(ts))
+	for i, t := range ts {
+		ds[i] = t.d
+	}
+	return ds
+}
+
+// benchNodeName is the node the proxiers run as; workload endpoints are spread over
+// node-0 … node-9.
+const benchNodeName = "node-0"
+
+// probePods is how many server pods back the probe Service of the latency test.
+const probePods = 10
+
+// familyProxier is one family's proxier over its own Netlink, as the daemon builds
+// it (pkg/app.Daemon.newProxier).
+type familyProxier struct {
+	f *family.Family
+	p *proxier.Proxier
+	k *timedKernel
+}
+
+// node is the proxy node under test: two family proxiers programming the Node
+// namespace of a netns.Cluster, fed from one workload.
+type node struct {
+	c     *netns.Cluster
+	reg   *nodeport.Registry
+	fams  []*familyProxier
+	w     Workload
+	o     kernelObjects
+	probe int // index of the Service whose endpoints are the probe pods
+}
+
+// kernelObjects is a workload's API objects. The slices use endpointAddr, so every
+// endpoint of every Service has its own address in both families.
+type kernelObjects struct {
+	svcs   []*v1.Service
+	slices map[*family.Family][]*discovery.EndpointSlice
+}
+
+// nodePortEvery keeps the NodePort Services of an n-Service workload within the
+// default NodePort range (30000-32767): every 4th Service up to 10k, fewer beyond
+// (2500 NodePorts at most).
+func nodePortEvery(n int) int {
+	return max(4, (n+2499)/2500)
+}
+
+// endpointAddr is endpoint j of Service i. IPv6 is bench.EndpointIP; IPv4 is too
+// unless EndpointIP maps neighbouring endpoints onto one address (it shifts the
+// IPv4 index 8 bits too far, so 256 consecutive endpoints share an address and the
+// endpoint cache dedupes a 10-endpoint Service down to one endpoint).
+func endpointAddr(f *family.Family, i, j int) netip.Addr {
+	if f == family.IPv6 || EndpointIP(f, 0, 0) != EndpointIP(f, 0, 1) {
+		return EndpointIP(f, i, j)
+	}
+	n := i*64 + j
+	return netip.AddrFrom4([4]byte{10, 64 + byte(n>>16&0x3f), byte(n >> 8), byte(n)})
+}
+
+// slice is Workload.Slice with endpointAddr's addresses.
+func (w Workload) kernelSlice(f *family.Family, i, n int) *discovery.EndpointSlice {
+	es := w.Slice(f, i, n)
+	for j := range es.Endpoints {
+		es.Endpoints[j].Addresses = []string{endpointAddr(f, i, j).String()}
+	}
+	return es
+}
+
+// clusterIPService is Service i forced to type ClusterIP.
+func (w Workload) clusterIPService(i int) *v1.Service {
+	s := w.Service(i)
+	s.Spec.Type = v1.ServiceTypeClusterIP
+	s.Spec.Ports[0].NodePort = 0
+	return s
+}
+
+func generateKernel(w Workload, probe int, pods []*netns.NS) kernelObjects {
+	o := kernelObjects{slices: map[*family.Family][]*discovery.EndpointSlice{}}
+	for i := range w.Services {
+		o.svcs = append(o.svcs, w.Service(i))
+		for _, f := range family.All {
+			es := w.kernelSlice(f, i, w.EndpointsPerFamily)
+			if i == probe {
+				// The probe Service is served by the probe pods.
+				es = w.kernelSlice(f, i, len(pods))
+				for j, p := range pods {
+					es.Endpoints[j].Addresses = []string{p.IP(f).String()}
+				}
+			}
+			o.slices[f] = append(o.slices[f], es)
+		}
+	}
+	return o
+}
+
+// fixedAddrs lists the node's addresses without looking at the host.
+type fixedAddrs []netip.Addr
+
+func (a fixedAddrs) InterfaceAddrs() ([]netip.Addr, error) { return a, nil }
+
+// serviceCIDR is the family's service range of the workload (ServiceIP).
+func serviceCIDR(f *family.Family) netip.Prefix {
+	if f == family.IPv4 {
+		return netip.MustParsePrefix("10.96.0.0/12")
+	}
+	return netip.PrefixFrom(ServiceIP(f, 0), 104)
+}
+
+func familyIndex(f *family.Family) int {
+	if f == family.IPv4 {
+		return 0
+	}
+	return 1
+}
+
+// newNode builds the proxiers for the cluster's Node namespace: one Netlink per
+// family (as the daemon), a shared NodePort registry, NodeCIDR local detection.
+func newNode(tb interface {
+	Helper()
+	Fatal(...any)
+	Cleanup(func())
+}, c *netns.Cluster, w Workload, probe int, pods []*netns.NS) *node {
+	tb.Helper()
+	n := &node{c: c, reg: nodeport.New(logr.Discard()), w: w, probe: probe}
+	for _, f := range family.All {
+		nl, err := nft.NewNetlink(nft.WithNetNSFd(int(c.Node.Handle())))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = nl.Close() })
+		k := &timedKernel{Kernel: nl}
+		p, err := proxier.New(proxier.Config{
+			Family:    f,
+			NodeName:  benchNodeName,
+			Backend:   nftables.New(f, k, nftables.Options{}),
+			NodePorts: n.reg,
+			Addrs:     fixedAddrs{netns.NodeIPv4, netns.NodeIPv6},
+			NodeIP:    c.Node.IP(f),
+			Local:     proxier.LocalDetector{Mode: proxier.LocalModeNodeCIDR, CIDRs: []netip.Prefix{netns.LocalPodCIDRs[familyIndex(f)]}},
+		})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		p.OnServiceCIDRsChanged([]netip.Prefix{serviceCIDR(f)})
+		n.fams = append(n.fams, &familyProxier{f: f, p: p, k: k})
+	}
+	n.o = generateKernel(w, probe, pods)
+	return n
+}
+
+// coldStart is what one cold start measured.
+type coldStart struct {
+	feed     time.Duration // handlers: registry and both proxiers, all objects
+	total    time.Duration // feed + both syncs (parallel) done
+	sync     map[*family.Family]time.Duration
+	done     map[*family.Family]time.Duration // from the start of the feed
+	kernel   map[*family.Family][]time.Duration
+	peakHeap uint64        // Go heap objects, sampled every 5 ms
+	peakRSS  uint64        // VmHWM (reset before the start)
+	liveHeap uint64        // heap after GC once programmed
+	cpu      time.Duration // this process's user+system CPU during the cold start
+	otherCPU time.Duration // CPU the rest of the machine used meanwhile (/proc/stat)
+}
+
+// coldStart feeds every object to the proxiers through their handlers (as the
+// informers would, one goroutine), then runs both families' first full sync in
+// parallel, one goroutine each (as metaproxier.Run does).
+func (n *node) coldStart(ctx context.Context) (coldStart, error) {
+	cs := coldStart{sync: map[*family.Family]time.Duration{}, done: map[*family.Family]time.Duration{},
+		kernel: map[*family.Family][]time.Duration{}}
+	runtime.GC()
+	resetPeakRSS()
+	mp := startMemPeak()
+	cpu0, busy0 := processCPU(), machineBusy()
+	start := time.Now()
+	for i, s := range n.o.svcs {
+		n.reg.Update(s)
+		for _, fp := range n.fams {
+			fp.p.OnServiceAdd(s)
+		}
+		for _, fp := range n.fams {
+			fp.p.OnEndpointSliceAdd(n.o.slices[fp.f][i])
+		}
+	}
+	cs.feed = time.Since(start)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, fp := range n.fams {
+		wg.Go(func() {
+			s := time.Now()
+			err := fp.p.Sync(ctx, true)
+			end := time.Now()
+			mu.Lock()
+			defer mu.Unlock()
+			cs.sync[fp.f], cs.done[fp.f] = end.Sub(s), end.Sub(start)
+			errs = append(errs, err)
+		})
+	}
+	wg.Wait()
+	cs.total = time.Since(start)
+	cs.cpu = processCPU() - cpu0
+	cs.otherCPU = max(machineBusy()-busy0-cs.cpu, 0)
+	cs.peakHeap = mp.stop()
+	cs.peakRSS = peakRSS()
+	for _, fp := range n.fams {
+		cs.kernel[fp.f] = durations(fp.k.take())
+	}
+	runtime.GC()
+	cs.liveHeap = heapObjects()
+	return cs, errors.Join(errs...)
+}
+
+// syncOne runs one partial sync of family fp and returns its wall time and the
+// transactions it committed.
+func syncOne(ctx context.Context, fp *familyProxier) (time.Duration, []txTime, error) {
+	fp.k.take()
+	start := time.Now()
+	err := fp.p.Sync(ctx, false)
+	d := time.Since(start)
+	return d, fp.k.take(), err
+}
+
+// churn is what a series of partial syncs measured, per family.
+type churn struct {
+	kernel     map[*family.Family][]time.Duration // every transaction
+	structural map[*family.Family][]time.Duration // those that also changed sets or chains
+	sync       map[*family.Family][]time.Duration // every proxier Sync (model + diff + kernel)
+}
+
+func newChurn() churn {
+	return churn{kernel: map[*family.Family][]time.Duration{}, structural: map[*family.Family][]time.Duration{},
+		sync: map[*family.Family][]time.Duration{}}
+}
+
+// record syncs every family after a change; each must commit exactly one
+// transaction.
+func (n *node) record(ctx context.Context, ch churn, what string) error {
+	for _, fp := range n.fams {
+		d, txs, err := syncOne(ctx, fp)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if len(txs) != 1 {
+			return fmt.Errorf("%s %s: %d transactions, want 1", fp.f, what, len(txs))
+		}
+		ch.kernel[fp.f] = append(ch.kernel[fp.f], txs[0].d)
+		if txs[0].structural {
+			ch.structural[fp.f] = append(ch.structural[fp.f], txs[0].d)
+		}
+		ch.sync[fp.f] = append(ch.sync[fp.f], d)
+	}
+	return nil
+}
+
+// endpointChurn adds an 11th endpoint to a random Service and removes it again,
+// changes/2 times (both families each time: a dual-stack pod comes and goes). All
+// are measured, including the few structural ones: the first 11-endpoint ClusterIP
+// Service adds the @svc-11 set and rewrites a chain, and so does the first
+// 11-endpoint NodePort Service (@np-11).
+func (n *node) endpointChurn(ctx context.Context, changes int, rnd func(int) int) (churn, error) {
+	ch := newChurn()
+	for range (changes + 1) / 2 {
+		i := rnd(n.w.Services)
+		if i == n.probe {
+			i = (i + 1) % n.w.Services
+		}
+		for _, step := range []int{n.w.EndpointsPerFamily + 1, n.w.EndpointsPerFamily} {
+			for _, fp := range n.fams {
+				old := n.o.slices[fp.f][i]
+				fp.p.OnEndpointSliceUpdate(old, n.w.kernelSlice(fp.f, i, step))
+			}
+			what := fmt.Sprintf("service %d to %d endpoints", i, step)
+			if err := n.record(ctx, ch, what); err != nil {
+				return ch, err
+			}
+		}
+	}
+	return ch, nil
+}
+
+// serviceChurn adds a new ClusterIP Service with its endpoints and deletes it
+// again, pairs times; kernel transactions of adds and deletes are kept apart.
+func (n *node) serviceChurn(ctx context.Context, pairs int) (add, del churn, err error) {
+	add, del = newChurn(), newChurn()
+	for k := range pairs {
+		i := n.w.Services + k
+		s := n.w.clusterIPService(i)
+		n.reg.Update(s)
+		for _, fp := range n.fams {
+			fp.p.OnServiceAdd(s)
+			fp.p.OnEndpointSliceAdd(n.w.kernelSlice(fp.f, i, n.w.EndpointsPerFamily))
+		}
+		if err := n.record(ctx, add, fmt.Sprintf("add service %d", i)); err != nil {
+			return add, del, err
+		}
+		n.reg.Delete(s)
+		for _, fp := range n.fams {
+			fp.p.OnServiceDelete(s)
+			fp.p.OnEndpointSliceDelete(n.w.kernelSlice(fp.f, i, n.w.EndpointsPerFamily))
+		}
+		if err := n.record(ctx, del, fmt.Sprintf("delete service %d", i)); err != nil {
+			return add, del, err
+		}
+	}
+	return add, del, nil
+}
+
+// cleanup removes the proxiers' tables.
+func (n *node) cleanup(ctx context.Context) error {
+	var errs []error
+	for _, fp := range n.fams {
+		fp.k.take()
+		errs = append(errs, nftables.New(fp.f, fp.k.Kernel, nftables.Options{}).Cleanup(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// memPeak samples the Go heap until stopped.
+type memPeak struct {
+	stopc chan struct{}
+	done  chan uint64
+}
+
+func heapObjects() uint64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+func startMemPeak() *memPeak {
+	m := &memPeak{stopc: make(chan struct{}), done: make(chan uint64, 1)}
+	go func() {
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		var peak uint64
+		for {
+			peak = max(peak, heapObjects())
+			select {
+			case <-m.stopc:
+				m.done <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return m
+}
+
+func (m *memPeak) stop() uint64 {
+	close(m.stopc)
+	return max(<-m.done, heapObjects())
+}
+
+// processCPU returns the user+system CPU this process used so far.
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// machineBusy returns the non-idle CPU time of all CPUs so far (/proc/stat, in
+// USER_HZ = 10 ms ticks).
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	var busy uint64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.ParseUint(v, 10, 64)
+		busy += n
+	}
+	return time.Duration(busy) * 10 * time.Millisecond
+}
+
+// resetPeakRSS resets the process's VmHWM (Linux ≥ 4.0).
+func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+
+// peakRSS returns VmHWM in bytes (0 if unreadable).
+func peakRSS() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// percentile returns the nearest-rank p-th percentile (0 < p ≤ 100).
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.999999) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func sum(ds []time.Duration) time.Duration {
+	var t time.Duration
+	for _, d := range ds {
+		t += d
+	}
+	return t
+}
