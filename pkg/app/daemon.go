@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"runtime/debug"
 	"net/netip"
 	"time"
 
@@ -141,6 +142,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics))
 	go serveHTTP(ctx, "healthz", d.cfg.HealthzBindAddress, d.health.Handler())
 	defer d.svcHC.Close()
+	go d.relaxGCUntilProgrammed(ctx)
 	h := &handler{MetaProxier: d.meta, d: d}
 	if err := watch.Start(ctx, d.client, h, watch.Options{NodeName: d.nodeName, ResyncPeriod: d.cfg.ConfigSyncPeriod, ServiceCIDRs: true}); err != nil {
 		return err
@@ -212,6 +214,31 @@ func (h *handler) followNodeIPs(n *v1.Node) {
 	for f, p := range h.d.proxiers {
 		if ip := ips.For(f); ip.IsValid() {
 			p.SetNodeIP(ip)
+		}
+	}
+}
+
+// relaxGCUntilProgrammed trades memory for CPU during the cold start, when the
+// whole cluster is turned into kernel elements at once and garbage collection would
+// otherwise take a third of the CPU: the GC target is raised until every family has
+// synced once.
+func (d *Daemon) relaxGCUntilProgrammed(ctx context.Context) {
+	old := debug.SetGCPercent(400)
+	defer debug.SetGCPercent(old)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		done := true
+		for _, st := range d.meta.Health() {
+			done = done && !st.Proxier.LastSync.IsZero()
+		}
+		if done {
+			return
 		}
 	}
 }
