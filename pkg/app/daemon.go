@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"runtime/debug"
 	"net/netip"
+	"runtime/debug"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
