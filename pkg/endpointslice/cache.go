@@ -159,7 +159,7 @@ func merge(svc types.NamespacedName, bySlice map[string]*Slice) map[model.Servic
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	out := make(map[model.ServicePortName][]model.Endpoint)
+	out := make(map[model.ServicePortName][]model.Endpoint, 1)
 	for _, n := range names {
 		s := bySlice[n]
 		for _, p := range s.Ports {
@@ -180,6 +180,9 @@ func merge(svc types.NamespacedName, bySlice map[string]*Slice) map[model.Servic
 }
 
 func appendEndpoints(dst, src []model.Endpoint, port uint16) []model.Endpoint {
+	if dst == nil {
+		dst = make([]model.Endpoint, 0, len(src))
+	}
 	for _, e := range src {
 		e.Port = port
 		dst = append(dst, e)
