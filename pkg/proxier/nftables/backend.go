@@ -4,11 +4,11 @@
 //
 // A ClusterIP is an element of @svc-N (N = its endpoint count); one rule per N in
 // use DNATs "daddr . l4proto . dport . numgen random mod N" through the global
-// @endpoints map. ExternalIPs, LoadBalancer VIPs and NodePorts are elements of maps
-// (@ext-N, @np-N, ...) to a target key whose endpoints are in the same @endpoints;
-// the remap happens inside the DNAT rule because registers cannot cross rules.
-// Adding an endpoint to a 10-endpoint service is: one @endpoints element, and
-// moving the service's key from @svc-10 to @svc-11.
+// @endpoints map. ExternalIPs and LoadBalancer VIPs are elements of @ext-N (and its
+// Local and short-circuit variants) and have their own elements in @endpoints;
+// NodePorts are elements of @np-N with @nodeport-endpoints. Adding an endpoint to a
+// 10-endpoint service is, per frontend: one endpoint element, and moving the key
+// from the N=10 set to the N=11 one. Every rule lists with nft 1.0.6 (see doc.go).
 //
 // doc.go shows the ruleset; nft.Fake.Dump prints a live one.
 package nftables
@@ -29,10 +29,11 @@ import (
 type Options struct {
 	// MaxElementsPerTx bounds the element operations of one cold-start transaction,
 	// so that a big cold start holds the kernel's nftables lock for a bounded time
-	// (default 50000: about 5k services of 10 endpoints, 0.33 s in the spike).
+	// (default 50000: about 5k ClusterIP services of 10 endpoints, 0.33 s in the spike;
+	// each NodePort, ExternalIP or VIP of a service repeats its endpoint elements).
 	MaxElementsPerTx int
 	// RebuildEvery makes every n-th full sync rebuild the whole table and swap it in
-	// (default 12; negative: never). That is how @endpoints, @endpoint-valid (too big
+	// (default 12; negative: never). That is how @endpoints, @nodeport-endpoints (too big
 	// to read back cheaply) and rule details that print alike are kept honest.
 	RebuildEvery int
 }
@@ -79,7 +80,7 @@ func (b *Backend) Table() string { return b.table }
 // working rules first. Otherwise a sync is one transaction of element operations for
 // req.Changed (all ports when req.NodeChanged), plus chain rewrites when a new
 // endpoint count first appears. A full sync also reads back the chains and every set
-// except @endpoints, @endpoint-valid and @affinity, repairs differences (counted in
+// except the endpoint and affinity maps, repairs differences (counted in
 // SyncResult.Repairs) and garbage-collects unused dispatch sets.
 //
 // On error the kernel may hold a partial sync; the backend then rebuilds on its

@@ -140,10 +140,15 @@ func (x exprs) servicesRules(node *proxier.NodeConfig) []nft.Rule {
 
 // groupRules returns the rules of one dispatch group in one chain:
 //
-//	key @set [map to target]  [mark |= 0x4000]  dnat to target . numgen random mod N map @endpoints
+//	key @set  [mark |= 0x4000]  dnat to key . numgen random mod N [offset S] map @endpoints
 //
-// and with ClientIP affinity two rules: reuse a still-valid @affinity entry, else
-// pick an endpoint and record it.
+// and with ClientIP affinity two rules: reuse a still-usable @affinity entry, else
+// pick an endpoint and record it. The NodePort kinds use the l4proto . dport key,
+// @nodeport-endpoints and @nodeport-affinity.
+//
+// Every lookup key is made of registers loaded from the packet (or numgen, or meta
+// mark): nft before 1.1 asserts when it lists a rule whose lookup key or dynset data
+// holds another lookup's result, so no rule chains one map into another.
 func (x exprs) groupRules(g group, masq, npMatchAll bool) []nft.Rule {
 	ki := kinds[g.kind]
 	var pre []expr.Any
@@ -155,63 +160,101 @@ func (x exprs) groupRules(g group, masq, npMatchAll bool) []nft.Rule {
 	if masq {
 		comment += " masquerade"
 	}
+	kl := x.a + 2 // key registers
 	key := func(reg uint32) []expr.Any {
-		var e []expr.Any
 		if ki.nodePort {
-			e = npKey(reg)
-		} else {
-			e = x.vipKey(reg)
+			return append(npKey(reg), lookup(set, reg))
 		}
-		if ki.remap {
-			return append(e, lookupMap(set, reg, reg))
-		}
-		return append(e, lookup(set, reg))
+		return append(x.vipKey(reg), lookup(set, reg))
 	}
-	mark := func(scratch uint32) []expr.Any {
-		if masq {
-			return setMasqMark(scratch)
-		}
-		return nil
+	if ki.nodePort {
+		kl = 2
 	}
 	eps := fixedSetNames[setEndpoints]
+	if ki.nodePort {
+		eps = fixedSetNames[setNodePortEndpoints]
+	}
 	if g.timeout == 0 {
-		ng := r8 + x.a + 2
+		ng := r8 + kl
 		rd := ng + 1
 		e := append(clone(pre), key(r8)...)
-		e = append(e, mark(rd)...)
-		e = append(e, &expr.Numgen{Register: ng, Modulus: g.n, Type: unix.NFT_NG_RANDOM},
+		if masq {
+			e = append(e, setMasqMark(rd)...)
+		}
+		e = append(e, &expr.Numgen{Register: ng, Modulus: g.n, Type: unix.NFT_NG_RANDOM, Offset: ki.offset()},
 			lookupMap(eps, r8, rd), x.dnat(rd))
 		return []nft.Rule{{Exprs: e, Comment: comment}}
 	}
-	return x.affinityRules(g, pre, key, mark, comment)
+	aff := fixedSetNames[setAffinity]
+	if ki.nodePort {
+		aff = fixedSetNames[setNodePortAffinity]
+	}
+	return x.affinityRules(g, affinityRegs{pre: pre, key: key, kl: kl, eps: eps, aff: aff, masq: masq}, comment)
 }
 
-// affinityRules: s = saddr, d = target key, rd = endpoint. The @affinity key is
-// saddr . target, so affinity holds per service port whichever address was used.
-func (x exprs) affinityRules(g group, pre []expr.Any, key func(uint32) []expr.Any, mark func(uint32) []expr.Any, comment string) []nft.Rule {
+// affinityRegs describes one group's affinity rules.
+type affinityRegs struct {
+	pre      []expr.Any
+	key      func(reg uint32) []expr.Any // loads the key and checks the dispatch set
+	kl       uint32                      // key registers
+	eps, aff string                      // endpoint and affinity maps
+	masq     bool
+}
+
+// affinityRules: s = saddr, d = key, ix = the endpoint index right after the key.
+// @affinity maps saddr . key to the index of the client's endpoint (the numgen
+// value, including the list's offset), so an entry stays usable exactly while
+// its slot holds an endpoint: when the endpoint goes its slot is reused or the
+// list shrinks below it, and the client follows or picks afresh.
+//
+// The hit rule needs the index from @affinity inside the @endpoints key, and nft
+// (before 1.1) can't list a lookup keyed by another lookup's result. So the index
+// passes through the packet mark within the rule: save the mark, set it to the
+// looked-up index, load it back as the key's last field, restore the saved mark
+// (with the masquerade bit when the group masquerades). nft lists this as
+//
+//	meta mark set ip saddr . <key> map @affinity meta mark set meta mark [| 0x4000]
+//	update @affinity { ip saddr . <key> timeout T : meta mark }
+//	dnat to <key> . meta mark map @endpoints
+//
+// where the "meta mark" in the last two reads the index; the mark the packet
+// carries after the rule is its own (plus the masquerade bit).
+func (x exprs) affinityRules(g group, r affinityRegs, comment string) []nft.Rule {
 	s := uint32(r8)
 	d := s + x.a
-	rd := d + x.a + 2
-	aff, valid, eps := fixedSetNames[setAffinity], fixedSetNames[setEndpointValid], fixedSetNames[setEndpoints]
+	ix := d + r.kl
 	timeout := time.Duration(g.timeout) * time.Second
-	load := append(append(clone(pre), x.saddr(s)), key(d)...)
+	load := append(append(clone(r.pre), x.saddr(s)), r.key(d)...)
 
-	hit := append(clone(load), lookupMap(aff, s, rd), lookup(valid, d))
-	hit = append(hit, mark(rd+x.a+1)...)
+	saved, found := ix+1, ix+2
+	hit := append(clone(load),
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: saved},
+		lookupMap(r.aff, s, found),
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: found},
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: ix})
+	if r.masq {
+		hit = append(hit, &expr.Bitwise{SourceRegister: saved, DestRegister: saved, Len: 4,
+			Mask: nft.MarkBytes(^uint32(masqMark)), Xor: nft.MarkBytes(masqMark)})
+	}
+	rd := ix + 1
 	hit = append(hit,
-		&expr.Dynset{SrcRegKey: s, SrcRegData: rd, SetName: aff, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: saved},
+		&expr.Dynset{SrcRegKey: s, SrcRegData: ix, SetName: r.aff, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout},
+		lookupMap(r.eps, d, rd),
 		x.dnat(rd))
 
-	ng := d + x.a + 2
-	re := ng + 1
-	pick := append(clone(load), mark(re)...)
+	pick := clone(load)
+	if r.masq {
+		pick = append(pick, setMasqMark(rd)...)
+	}
 	pick = append(pick,
-		&expr.Numgen{Register: ng, Modulus: g.n, Type: unix.NFT_NG_RANDOM},
-		lookupMap(eps, d, re),
-		// A dynset on a map needs a data register even to delete.
-		&expr.Dynset{SrcRegKey: s, SrcRegData: re, SetName: aff, Operation: nftDynsetOpDelete},
-		&expr.Dynset{SrcRegKey: s, SrcRegData: re, SetName: aff, Operation: unix.NFT_DYNSET_OP_ADD, Timeout: timeout},
-		x.dnat(re))
+		&expr.Numgen{Register: ix, Modulus: g.n, Type: unix.NFT_NG_RANDOM, Offset: kinds[g.kind].offset()},
+		lookupMap(r.eps, d, rd),
+		// A stale entry (its index now out of range) is replaced; a dynset on a map
+		// needs a data register even to delete.
+		&expr.Dynset{SrcRegKey: s, SrcRegData: ix, SetName: r.aff, Operation: nftDynsetOpDelete},
+		&expr.Dynset{SrcRegKey: s, SrcRegData: ix, SetName: r.aff, Operation: unix.NFT_DYNSET_OP_ADD, Timeout: timeout},
+		x.dnat(rd))
 	return []nft.Rule{{Exprs: hit, Comment: comment + " affinity hit"}, {Exprs: pick, Comment: comment + " affinity pick"}}
 }
 

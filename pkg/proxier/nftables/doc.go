@@ -7,13 +7,13 @@ package nftables
 // first needed and go at a full sync once unused.
 //
 //	table ip dsproxy {            # or dsproxy-b: a rebuild swaps names
-//	  map endpoints      { type ipv4_addr . inet_proto . inet_service . integer : ipv4_addr . inet_service }  # target . index → ep
-//	  set svc-N          { type ipv4_addr . inet_proto . inet_service }          # ClusterIPs with N endpoints
-//	  map ext-N, ext-local-N, ext-short-N  { type ipv4_addr . inet_proto . inet_service : <target key> }
-//	  map np-N, np-local-N, np-short-N     { type inet_proto . inet_service : <target key> }
+//	  map endpoints          { type ipv4_addr . inet_proto . inet_service . mark : ipv4_addr . inet_service }  # frontend . index → ep
+//	  map nodeport-endpoints { type inet_proto . inet_service . mark : ipv4_addr . inet_service }              # nodeport . index → ep
+//	  set svc-N, ext-N, ext-local-N, ext-short-N  { type ipv4_addr . inet_proto . inet_service }  # frontends with N endpoints
+//	  set np-N, np-local-N, np-short-N            { type inet_proto . inet_service }
 //	  (each also as <name>-aT with ClientIP affinity)
-//	  map affinity       { saddr . target : ep; flags dynamic,timeout; size 65535 }
-//	  set endpoint-valid { target . ep }                     # affinity services only
+//	  map affinity           { saddr . frontend : mark (index); flags dynamic,timeout; size 65535 }
+//	  map nodeport-affinity  { saddr . nodeport : mark (index); flags dynamic,timeout; size 65535 }
 //	  set cluster-ips, nodeport-ips { type ipv4_addr }
 //	  set no-endpoint-services, no-local-endpoint-services, firewall-ips { addr . proto . port }
 //	  set no-endpoint-nodeports, no-local-endpoint-nodeports, reserved-nodeports { proto . port }
@@ -42,17 +42,18 @@ package nftables
 //	  chain clusterip-lb {   # per N:
 //	    ip daddr . meta l4proto . th dport @svc-N dnat to ip daddr . meta l4proto . th dport . numgen random mod N map @endpoints
 //	  }
-//	  chain external-lb {    # per N; the map lookup rewrites the key registers to the target key
-//	    ip daddr . meta l4proto . th dport map @ext-N → key; mark set mark | 0x4000; dnat to key . numgen random mod N map @endpoints
-//	    ip daddr . meta l4proto . th dport map @ext-local-N → key; dnat to key . numgen random mod N map @endpoints
-//	    <nodeport addr> meta l4proto . th dport map @np-N → key; mark set mark | 0x4000; dnat ...
-//	    <nodeport addr> meta l4proto . th dport map @np-local-N → key; dnat ...
+//	  chain external-lb {    # per N:
+//	    ip daddr . meta l4proto . th dport @ext-N meta mark set mark | 0x4000 dnat to ip daddr . meta l4proto . th dport . numgen random mod N map @endpoints
+//	    ip daddr . meta l4proto . th dport @ext-local-N dnat to ... numgen random mod N map @endpoints
+//	    <nodeport addr> meta l4proto . th dport @np-N meta mark set mark | 0x4000 dnat to meta l4proto . th dport . numgen random mod N map @nodeport-endpoints
+//	    <nodeport addr> meta l4proto . th dport @np-local-N dnat ...
 //	  }
-//	  chain short-circuit-pod  { @ext-short-N and @np-short-N rules, no mark }   # ETP Local → cluster endpoints
+//	  chain short-circuit-pod  { @ext-short-N and @np-short-N rules, no mark, "numgen random mod N offset 0x80000000" }   # ETP Local → cluster endpoints
 //	  chain short-circuit-node { the same rules, marking for masquerade }
-//	  # with affinity T, each rule is two: (1) saddr . key lookup @affinity → ep, ep valid in
-//	  # @endpoint-valid, update @affinity, dnat ep; (2) numgen → ep via @endpoints, delete and
-//	  # add @affinity { saddr . key timeout T : ep }, dnat ep.
+//	  # with affinity T, each rule is two. Hit: the index of saddr . key in @affinity
+//	  # (passed through the packet mark, which is restored in the same rule) completes
+//	  # the @endpoints key; update @affinity; dnat. Pick: numgen → index → ep via
+//	  # @endpoints, delete and add @affinity { saddr . key timeout T : index }, dnat.
 //	  # <nodeport addr> is "fib daddr type local ip daddr & 255.0.0.0 != 127.0.0.0", or
 //	  # "ip daddr @nodeport-ips" when NodePort addresses are listed.
 //
@@ -80,7 +81,12 @@ package nftables
 //	  }
 //	}
 //
-// Target keys: addr . proto . port of the ClusterIP, with the proto field's first
-// padding byte 0 for the ClusterIP's own endpoint list and 1 for the other list
-// (Local vs Cluster) external traffic needs, so both coexist in @endpoints. Packets
-// always load 0 there, so only a map lookup can produce a marker-1 key.
+// Every frontend (ClusterIP, ExternalIP, LoadBalancer VIP, NodePort) has its own
+// elements in @endpoints (@nodeport-endpoints): key . index, index 0..N-1 for the
+// list the frontend uses (the ClusterIP's per internalTrafficPolicy, the others' per
+// externalTrafficPolicy) and, for an ETP Local frontend, shortOffset+0..N-1 for the
+// cluster list its short-circuit uses. No rule maps one key to another: nft before
+// 1.1 aborts listing a rule whose lookup key (or dynset data) holds another
+// lookup's result, and that breaks every nft listing on the node, even "nft list
+// tables". The index is typed mark (4 bytes, host order, what numgen writes): nft
+// aborts listing a concatenation with a sizeless integer field.

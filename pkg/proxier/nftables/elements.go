@@ -13,12 +13,14 @@ import (
 
 // Key encodings (see pkg/nft): every field padded to 4 bytes.
 //
-//	vip key     addr . proto . port
-//	target key  addr . proto|marker . port   marker (the proto field's first pad byte)
-//	            0 = the ClusterIP's endpoint list, 1 = the other list (Local vs
-//	            Cluster) that external traffic needs; packets always load 0 there
-//	np key      proto . port
-//	endpoints   target . index → epaddr . epport
+//	vip key             addr . proto . port          (ClusterIP, ExternalIP, LB VIP)
+//	np key              proto . port                 (NodePort)
+//	@endpoints          vip key . index → epaddr . epport
+//	@nodeport-endpoints np key . index → epaddr . epport
+//
+// Every frontend has its own endpoint elements, index 0..N-1 (host-endian u32, as
+// numgen writes it); an ETP Local frontend also holds its short-circuit (cluster)
+// list at shortOffset+0..N-1.
 
 func protoNum(p v1.Protocol) uint8 {
 	switch p {
@@ -36,10 +38,6 @@ func vipKey(a netip.Addr, proto uint8, port uint16) string {
 	return string(nft.Concat(nft.AddrBytes(a), nft.ProtoBytes(proto), nft.PortBytes(port)))
 }
 
-func targetKey(a netip.Addr, proto uint8, port uint16, marker byte) string {
-	return string(nft.Concat(nft.AddrBytes(a), []byte{proto, marker, 0, 0}, nft.PortBytes(port)))
-}
-
 func npKeyBytes(proto uint8, port uint16) string {
 	return string(nft.Concat(nft.ProtoBytes(proto), nft.PortBytes(port)))
 }
@@ -48,47 +46,71 @@ func epBytes(ap netip.AddrPort) string {
 	return string(nft.Concat(nft.AddrBytes(ap.Addr()), nft.PortBytes(ap.Port())))
 }
 
+// Endpoint lists of a port, indexing portRecord.slots.
+const (
+	listCluster = 0
+	listLocal   = 1
+)
+
+func listOf(local bool) int {
+	if local {
+		return listLocal
+	}
+	return listCluster
+}
+
 // portBuilder computes one service port's contributions.
 type portBuilder struct {
-	ps     *model.PortState
-	proto  uint8
-	aff    uint32
-	out    []contrib
-	used   [2]bool
-	lists  [2][]model.Endpoint
-	marker func(local bool) byte
+	ps    *model.PortState
+	proto uint8
+	aff   uint32
+	out   []contrib
+	rec   *portRecord
+	used  [2]bool
 }
 
 func (b *portBuilder) add(set setKey, key, data string) {
 	b.out = append(b.out, contrib{set: set, key: key, data: data})
 }
 
-// use marks the Local (or Cluster) endpoint list as needed and returns its target
-// key and size.
-func (b *portBuilder) use(local bool) (string, uint32) {
-	m := b.marker(local)
-	eps := b.ps.Cluster
-	if local {
-		eps = b.ps.Local
+// list returns the Local (or Cluster) endpoint list in slot order, assigning the
+// slots on first use: every frontend that uses a list shares its slots.
+func (b *portBuilder) list(local bool) []netip.AddrPort {
+	l := listOf(local)
+	if !b.used[l] {
+		eps := b.ps.Cluster
+		if local {
+			eps = b.ps.Local
+		}
+		b.used[l] = true
+		b.rec.slots[l] = assignSlots(b.rec.slots[l], eps)
 	}
-	b.used[m], b.lists[m] = true, eps
-	return targetKey(b.ps.ClusterIP, b.proto, b.ps.Port, m), uint32(len(eps))
+	return b.rec.slots[l]
+}
+
+// frontend puts key (a vip key, or an np key for the NodePort kinds) into the
+// dispatch set of kind k and writes its endpoint elements:
+// key . (offset + i) → endpoint i of the Local (or Cluster) list.
+func (b *portBuilder) frontend(k kind, key string, local bool) {
+	ki := kinds[k]
+	eps := b.list(local)
+	b.add(groupKey(group{kind: k, n: uint32(len(eps)), timeout: b.aff}), key, "")
+	set := fixedKey(setEndpoints)
+	if ki.nodePort {
+		set = fixedKey(setNodePortEndpoints)
+	}
+	for i, ap := range eps {
+		b.add(set, key+string(nft.IndexBytes(ki.offset()+uint32(i))), epBytes(ap))
+	}
 }
 
 // portContribs computes what ps needs in the sets, updating rec.slots. A port with
 // a protocol the kernel rules can't match contributes nothing.
 func (c *cache) portContribs(ps *model.PortState, rec *portRecord) []contrib {
-	b := &portBuilder{ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds}
+	b := &portBuilder{ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds, rec: rec}
 	if b.proto == 0 || !c.x.f.Contains(ps.ClusterIP) {
 		rec.slots = [2][]netip.AddrPort{}
 		return nil
-	}
-	internalLocal := ps.InternalPolicyLocal
-	b.marker = func(local bool) byte {
-		if local == internalLocal {
-			return 0
-		}
-		return 1
 	}
 	b.add(fixedKey(setClusterIPs), string(nft.AddrBytes(ps.ClusterIP)), "")
 	b.clusterIP()
@@ -96,7 +118,12 @@ func (c *cache) portContribs(ps *model.PortState, rec *portRecord) []contrib {
 		b.external()
 	}
 	b.firewall(c.node)
-	b.endpoints(rec)
+	b.hairpin()
+	for l := range b.used {
+		if !b.used[l] {
+			rec.slots[l] = nil
+		}
+	}
 	return b.out
 }
 
@@ -105,8 +132,7 @@ func (b *portBuilder) clusterIP() {
 	key := vipKey(ps.ClusterIP, b.proto, ps.Port)
 	switch {
 	case len(ps.InternalEndpoints()) > 0:
-		_, n := b.use(ps.InternalPolicyLocal)
-		b.add(groupKey(group{kind: kindSvc, n: n, timeout: b.aff}), key, "")
+		b.frontend(kindSvc, key, ps.InternalPolicyLocal)
 	case ps.HasAny:
 		b.add(fixedKey(setNoLocalEndpointServices), key, "")
 	default:
@@ -134,12 +160,11 @@ func (b *portBuilder) external() {
 	keys := b.externalKeys()
 	np := npKeyBytes(b.proto, ps.NodePort)
 	if len(ps.ExternalEndpoints()) > 0 {
-		target, n := b.use(ps.ExternalPolicyLocal)
 		ek, nk := kindExt, kindNP
 		if ps.ExternalPolicyLocal {
 			ek, nk = kindExtLocal, kindNPLocal
 		}
-		b.addExternal(keys, np, ek, nk, n, target)
+		b.addExternal(keys, np, ek, nk, ps.ExternalPolicyLocal)
 	} else {
 		svcSet, npSet := setNoEndpointServices, setNoEndpointNodePorts
 		if ps.HasAny {
@@ -153,17 +178,16 @@ func (b *portBuilder) external() {
 		}
 	}
 	if ps.ExternalPolicyLocal && len(ps.Cluster) > 0 {
-		target, n := b.use(false)
-		b.addExternal(keys, np, kindExtShort, kindNPShort, n, target)
+		b.addExternal(keys, np, kindExtShort, kindNPShort, false)
 	}
 }
 
-func (b *portBuilder) addExternal(keys []string, np string, ek, nk kind, n uint32, target string) {
+func (b *portBuilder) addExternal(keys []string, np string, ek, nk kind, local bool) {
 	for _, k := range keys {
-		b.add(groupKey(group{kind: ek, n: n, timeout: b.aff}), k, target)
+		b.frontend(ek, k, local)
 	}
 	if b.ps.NodePort != 0 {
-		b.add(groupKey(group{kind: nk, n: n, timeout: b.aff}), np, target)
+		b.frontend(nk, np, local)
 	}
 }
 
@@ -192,27 +216,16 @@ func (b *portBuilder) firewall(node *proxier.NodeConfig) {
 	}
 }
 
-// endpoints writes the used endpoint lists into @endpoints (and @endpoint-valid
-// with affinity), and local endpoints into @hairpin.
-func (b *portBuilder) endpoints(rec *portRecord) {
-	hairpin := map[netip.Addr]bool{}
-	for m := range b.used {
-		if !b.used[m] {
-			rec.slots[m] = nil
+// hairpin writes the local endpoints of the used lists into @hairpin.
+func (b *portBuilder) hairpin() {
+	seen := map[netip.Addr]bool{}
+	for l, eps := range [2][]model.Endpoint{listCluster: b.ps.Cluster, listLocal: b.ps.Local} {
+		if !b.used[l] {
 			continue
 		}
-		rec.slots[m] = assignSlots(rec.slots[m], b.lists[m])
-		target := targetKey(b.ps.ClusterIP, b.proto, b.ps.Port, byte(m))
-		for i, ap := range rec.slots[m] {
-			ep := epBytes(ap)
-			b.add(fixedKey(setEndpoints), target+string(nft.IndexBytes(uint32(i))), ep)
-			if b.aff != 0 {
-				b.add(fixedKey(setEndpointValid), target+ep, "")
-			}
-		}
-		for _, e := range b.lists[m] {
-			if e.Local && !hairpin[e.Addr] {
-				hairpin[e.Addr] = true
+		for _, e := range eps {
+			if e.Local && !seen[e.Addr] {
+				seen[e.Addr] = true
 				a := string(nft.AddrBytes(e.Addr))
 				b.add(fixedKey(setHairpin), a+a, "")
 			}

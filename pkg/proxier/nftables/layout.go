@@ -33,8 +33,9 @@ type fixedSet uint8
 
 const (
 	setEndpoints fixedSet = iota + 1
-	setEndpointValid
+	setNodePortEndpoints
 	setAffinity
+	setNodePortAffinity
 	setClusterIPs
 	setNodePortIPs
 	setNoEndpointServices
@@ -49,8 +50,9 @@ const (
 
 var fixedSetNames = [numFixedSets]string{
 	setEndpoints:                "endpoints",
-	setEndpointValid:            "endpoint-valid",
+	setNodePortEndpoints:        "nodeport-endpoints",
 	setAffinity:                 "affinity",
+	setNodePortAffinity:         "nodeport-affinity",
 	setClusterIPs:               "cluster-ips",
 	setNodePortIPs:              "nodeport-ips",
 	setNoEndpointServices:       "no-endpoint-services",
@@ -62,34 +64,44 @@ var fixedSetNames = [numFixedSets]string{
 	setHairpin:                  "hairpin",
 }
 
-// kind is a class of dispatch sets: how the packet's key is read, whether it is
-// remapped to a target key and where the rules that use the set live.
+// kind is a class of dispatch sets: how the packet's key is read, which endpoint
+// list of the key's @endpoints (or @nodeport-endpoints) entries it picks from and
+// where the rules that use the set live. Every dispatch set is a plain set of
+// frontend keys: each frontend (ClusterIP, ExternalIP, LoadBalancer VIP, NodePort)
+// has its own endpoint elements, so no rule maps one key to another (nft before
+// 1.1 cannot print a rule whose lookup key holds another lookup's result).
 type kind uint8
 
 const (
-	// kindSvc: ClusterIPs. Plain set of daddr . l4proto . dport; the key is its own
-	// target key.
+	// kindSvc: ClusterIPs (daddr . l4proto . dport).
 	kindSvc kind = iota
-	// kindExt: ExternalIPs and LoadBalancer VIPs with externalTrafficPolicy Cluster.
-	// Map daddr . l4proto . dport → target key; the rule marks for masquerade.
+	// kindExt: ExternalIPs and LoadBalancer VIPs with externalTrafficPolicy
+	// Cluster; the rule marks for masquerade.
 	kindExt
 	// kindExtLocal: the same with externalTrafficPolicy Local (no masquerade).
 	kindExtLocal
 	// kindExtShort: ETP Local addresses seen from local pods or the node itself:
-	// remapped to the cluster endpoints (kube-proxy's short-circuit).
+	// they go to the cluster endpoints (kube-proxy's short-circuit), held under
+	// the same key at indexes from shortOffset.
 	kindExtShort
 	// kindNP, kindNPLocal, kindNPShort: the NodePort equivalents, keyed by
-	// l4proto . dport on the NodePort addresses.
+	// l4proto . dport on the NodePort addresses, with @nodeport-endpoints.
 	kindNP
 	kindNPLocal
 	kindNPShort
 	numKinds
 )
 
+// shortOffset is where the short-circuit (cluster) endpoint list of an ETP Local
+// frontend starts in its index space ("numgen random mod N offset shortOffset"):
+// index i of that list is shortOffset + i, so it shares the frontend's key with
+// the local list at 0..L-1.
+const shortOffset = 1 << 31
+
 type kindInfo struct {
 	prefix   string
 	nodePort bool // key is l4proto . dport and rules check the NodePort addresses
-	remap    bool // a map to the target key (else a plain set)
+	short    bool // picks from the list at shortOffset
 	// uses lists the chains holding this kind's rules and whether they mark the
 	// packet for masquerade.
 	uses []chainUse
@@ -102,12 +114,20 @@ type chainUse struct {
 
 var kinds = [numKinds]kindInfo{
 	kindSvc:      {prefix: "svc", uses: []chainUse{{chainClusterIPLB, false}}},
-	kindExt:      {prefix: "ext", remap: true, uses: []chainUse{{chainExternalLB, true}}},
-	kindExtLocal: {prefix: "ext-local", remap: true, uses: []chainUse{{chainExternalLB, false}}},
-	kindExtShort: {prefix: "ext-short", remap: true, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
-	kindNP:       {prefix: "np", nodePort: true, remap: true, uses: []chainUse{{chainExternalLB, true}}},
-	kindNPLocal:  {prefix: "np-local", nodePort: true, remap: true, uses: []chainUse{{chainExternalLB, false}}},
-	kindNPShort:  {prefix: "np-short", nodePort: true, remap: true, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
+	kindExt:      {prefix: "ext", uses: []chainUse{{chainExternalLB, true}}},
+	kindExtLocal: {prefix: "ext-local", uses: []chainUse{{chainExternalLB, false}}},
+	kindExtShort: {prefix: "ext-short", short: true, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
+	kindNP:       {prefix: "np", nodePort: true, uses: []chainUse{{chainExternalLB, true}}},
+	kindNPLocal:  {prefix: "np-local", nodePort: true, uses: []chainUse{{chainExternalLB, false}}},
+	kindNPShort:  {prefix: "np-short", nodePort: true, short: true, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
+}
+
+// offset is the first index of the endpoint list the kind picks from.
+func (k kindInfo) offset() uint32 {
+	if k.short {
+		return shortOffset
+	}
+	return 0
 }
 
 // group is one dispatch set: a kind, an endpoint count and an affinity timeout (0
@@ -180,24 +200,27 @@ func addrType(f *family.Family) nftables.SetDatatype {
 	return nftables.TypeIPAddr
 }
 
-// setTypes are the key and data types of one family.
+// setTypes are the key and data types of one family. The endpoint index is typed
+// mark: a fixed-size host-endian u32 like what numgen writes. (integer has no
+// size in nft, which then aborts listing the set's elements.)
 type setTypes struct {
-	addr, vip, np, epKey, ep, epValid, affKey, fwKey, hairpin nftables.SetDatatype
+	addr, vip, np, epKey, npEPKey, ep, affKey, npAffKey, fwKey, hairpin nftables.SetDatatype
 }
 
 func newSetTypes(f *family.Family) setTypes {
 	a := addrType(f)
-	proto, svc := nftables.TypeInetProto, nftables.TypeInetService
+	proto, svc, idx := nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark
 	return setTypes{
-		addr:    a,
-		vip:     nftables.MustConcatSetType(a, proto, svc),
-		np:      nftables.MustConcatSetType(proto, svc),
-		epKey:   nftables.MustConcatSetType(a, proto, svc, nftables.TypeMark),
-		ep:      nftables.MustConcatSetType(a, svc),
-		epValid: nftables.MustConcatSetType(a, proto, svc, a, svc),
-		affKey:  nftables.MustConcatSetType(a, a, proto, svc),
-		fwKey:   nftables.MustConcatSetType(a, proto, svc, a),
-		hairpin: nftables.MustConcatSetType(a, a),
+		addr:     a,
+		vip:      nftables.MustConcatSetType(a, proto, svc),
+		np:       nftables.MustConcatSetType(proto, svc),
+		epKey:    nftables.MustConcatSetType(a, proto, svc, idx),
+		npEPKey:  nftables.MustConcatSetType(proto, svc, idx),
+		ep:       nftables.MustConcatSetType(a, svc),
+		affKey:   nftables.MustConcatSetType(a, a, proto, svc),
+		npAffKey: nftables.MustConcatSetType(a, proto, svc),
+		fwKey:    nftables.MustConcatSetType(a, proto, svc, a),
+		hairpin:  nftables.MustConcatSetType(a, a),
 	}
 }
 
@@ -208,12 +231,8 @@ const affinitySize = 65535
 func (t setTypes) setDef(k setKey) *nft.Set {
 	s := &nft.Set{Name: k.name(), Concat: true}
 	switch {
-	case k.isGrp && kinds[k.grp.kind].remap:
-		s.IsMap = true
-		s.KeyType, s.DataType = t.vip, t.vip
-		if kinds[k.grp.kind].nodePort {
-			s.KeyType = t.np
-		}
+	case k.isGrp && kinds[k.grp.kind].nodePort:
+		s.KeyType = t.np
 	case k.isGrp:
 		s.KeyType = t.vip
 	case k.isFW():
@@ -228,10 +247,13 @@ func (t setTypes) fixedDef(s *nft.Set, f fixedSet) {
 	switch f {
 	case setEndpoints:
 		s.IsMap, s.KeyType, s.DataType = true, t.epKey, t.ep
-	case setEndpointValid:
-		s.KeyType = t.epValid
-	case setAffinity:
-		s.IsMap, s.KeyType, s.DataType = true, t.affKey, t.ep
+	case setNodePortEndpoints:
+		s.IsMap, s.KeyType, s.DataType = true, t.npEPKey, t.ep
+	case setAffinity, setNodePortAffinity:
+		s.IsMap, s.KeyType, s.DataType = true, t.affKey, nftables.TypeMark
+		if f == setNodePortAffinity {
+			s.KeyType = t.npAffKey
+		}
 		s.Timeout, s.Dynamic, s.Size = true, true, affinitySize
 	case setClusterIPs, setNodePortIPs:
 		s.KeyType, s.Concat = t.addr, false
@@ -245,10 +267,14 @@ func (t setTypes) fixedDef(s *nft.Set, f fixedSet) {
 }
 
 // unreadSets are never read back by a full sync: they are big (one element per
-// endpoint) or written by the packet path. See Backend.Sync for how they are kept
-// correct.
+// endpoint and frontend) or written by the packet path. See Backend.Sync for how
+// they are kept correct.
 func unreadSet(k setKey) bool {
-	return k.fixed == setEndpoints || k.fixed == setEndpointValid || k.fixed == setAffinity
+	switch k.fixed {
+	case setEndpoints, setNodePortEndpoints, setAffinity, setNodePortAffinity:
+		return true
+	}
+	return false
 }
 
 func (k setKey) String() string { return fmt.Sprintf("set %s", k.name()) }

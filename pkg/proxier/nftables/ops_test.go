@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -110,24 +111,28 @@ func TestOperationCounts(t *testing.T) {
 			name := e.name(5)
 			eps := e.eps[name]
 
-			// 10 -> 11 endpoints: one @endpoints element, @svc-10 -> @svc-11, @np-10 -> @np-11.
+			// Each of the service's frontends (ClusterIP and NodePort) has its own
+			// endpoint elements, so endpoint churn costs per frontend.
+			const frontends = 2
+			// 10 -> 11 endpoints: per frontend one endpoint element and a key move
+			// (@svc-10 -> @svc-11, @np-10 -> @np-11).
 			extra := ep(f, 0, 8080, false)
 			extra.Addr = addrPlus(testaddr.Pod(f, 0), 60000)
 			e.put(e.state.Ports[name].ServicePort, append(eps, extra)...)
-			step("add endpoint", 5, name)
+			step("add endpoint", frontends*3, name)
 
-			// 11 -> 10, removing one in the middle: its slot gets the last endpoint
-			// (delete + add), the last slot goes, and the two key moves.
+			// 11 -> 10, removing one in the middle: per frontend its slot gets the
+			// last endpoint (delete + add), the last slot goes, and the key moves.
 			e.put(e.state.Ports[name].ServicePort, append(eps[:3:3], append(eps[4:], extra)...)...)
-			step("remove middle endpoint", 7, name)
+			step("remove middle endpoint", frontends*5, name)
 			e.check(to(fromPod(1), ap(e.state.Ports[name].ClusterIP, 80), tcp)(f), dnatTo(false, addrPorts(e.eps[name])...))
 
-			// Delete and re-add a whole service: O(endpoints).
+			// Delete and re-add a whole service: O(endpoints x frontends).
 			sp := e.state.Ports[name].ServicePort
 			e.del(name)
-			step("delete service", 2*10+4, name)
+			step("delete service", frontends*(10+1)+1, name)
 			e.put(sp, eps...)
-			step("add service", 2*10+4, name)
+			step("add service", frontends*(10+1)+1, name)
 			e.check(to(fromClient, nodeAP(f, sp.NodePort), tcp)(f), dnatTo(true, addrPorts(eps)...))
 		})
 	}
@@ -275,7 +280,8 @@ func TestRestartSwapsWithoutGap(t *testing.T) {
 	e.check(to(fromPod(5), cip(e.f, 10, 80), tcp)(e.f), dnatTo(false, pod(e.f, 1, 8080)))
 }
 
-// TestAffinitySticks: a client keeps its endpoint, until that endpoint goes.
+// TestAffinitySticks: a client keeps its endpoint while other endpoints come and
+// go, and when its own endpoint goes it sticks to one of the others.
 func TestAffinitySticks(t *testing.T) {
 	for _, f := range family.All {
 		t.Run(f.Name, func(t *testing.T) {
@@ -288,15 +294,76 @@ func TestAffinitySticks(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.check(p, dnatTo(false, first.DNAT))
-			var rest []model.Endpoint
+			without := func(eps []model.Endpoint, a netip.AddrPort) []model.Endpoint {
+				var out []model.Endpoint
+				for _, x := range eps {
+					if x.AddrPort() != a {
+						out = append(out, x)
+					}
+				}
+				return out
+			}
+			// Another endpoint goes (the last one moves into its slot): no change.
+			var other netip.AddrPort
 			for _, x := range e.eps[name] {
 				if x.AddrPort() != first.DNAT {
-					rest = append(rest, x)
+					other = x.AddrPort()
+					break
 				}
 			}
+			e.put(e.state.Ports[name].ServicePort, without(e.eps[name], other)...)
+			e.sync(false, name)
+			e.check(p, dnatTo(false, first.DNAT))
+			// Its own endpoint goes: it sticks to one of the rest.
+			rest := without(e.eps[name], first.DNAT)
 			e.put(e.state.Ports[name].ServicePort, rest...)
 			e.sync(false, name)
-			e.check(p, dnatTo(false, addrPorts(rest)...))
+			now, err := e.fake.Trace(e.tnode(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(addrPorts(rest), now.DNAT) {
+				t.Fatalf("DNAT to %v after its endpoint went, want one of %v", now.DNAT, addrPorts(rest))
+			}
+			e.check(p, dnatTo(false, now.DNAT))
+		})
+	}
+}
+
+// TestAffinityKeepsMark: the affinity hit rule passes the endpoint index through
+// the packet mark; the packet must leave with its own mark (plus the masquerade
+// bit, which masquerading clears again).
+func TestAffinityKeepsMark(t *testing.T) {
+	const mark = 0x10001
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t, f)
+			twoRemote(affinity(60))(e)
+			e.sync(true)
+			for _, tc := range []struct {
+				name string
+				p    nft.Packet
+				masq bool
+			}{
+				{"clusterIP from a pod", to(fromPod(5), cip(f, 10, 80), tcp)(f), false},
+				{"nodePort from outside", to(fromClient, nodeAP(f, 30080), tcp)(f), true},
+				{"externalIP from outside", to(fromClient, ext(f, 1, 80), tcp)(f), true},
+			} {
+				tc.p.Mark = mark
+				for _, what := range []string{"pick", "hit"} {
+					res, err := e.fake.Trace(e.tnode(), tc.p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !res.DNAT.IsValid() || res.Masquerade != tc.masq || res.Mark != mark {
+						t.Errorf("%s, %s: dnat %v masquerade %v mark %#x, want DNAT, masquerade %v, mark %#x\n%s",
+							tc.name, what, res.DNAT, res.Masquerade, res.Mark, tc.masq, mark, strings.Join(res.Trace, "\n"))
+					}
+					if tr := strings.Join(res.Trace, "\n"); !strings.Contains(tr, "affinity "+what+"\" => dnat") {
+						t.Errorf("%s, %s: the affinity %s rule did not DNAT:\n%s", tc.name, what, what, tr)
+					}
+				}
+			}
 		})
 	}
 }
