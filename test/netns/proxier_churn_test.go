@@ -1,0 +1,145 @@
+//go:build netns
+
+package netns
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/dsproxy/dsproxy/internal/testaddr"
+	"github.com/dsproxy/dsproxy/pkg/family"
+)
+
+// udpSession is a UDP socket in a namespace that keeps its source port, so every
+// datagram it sends belongs to the same conntrack flow.
+type udpSession struct {
+	from *NS
+	dst  netip.AddrPort
+	conn *net.UDPConn
+}
+
+func openUDPSession(t *testing.T, from *NS, dst netip.AddrPort) *udpSession {
+	t.Helper()
+	var conn *net.UDPConn
+	err := RunIn(from, func() error {
+		var err error
+		conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(dst))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("%s: udp socket to %s: %v", from, dst, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &udpSession{from: from, dst: dst, conn: conn}
+}
+
+// exchange sends a datagram (resent every 250 ms, like Dial) and returns the reply.
+func (s *udpSession) exchange(timeout time.Duration) (Reply, error) {
+	deadline := time.Now().Add(timeout)
+	buf := make([]byte, 2048)
+	for {
+		if _, err := s.conn.Write([]byte("hello\n")); err != nil {
+			return Reply{}, err
+		}
+		wait := time.Now().Add(udpResend)
+		if wait.After(deadline) {
+			wait = deadline
+		}
+		if err := s.conn.SetReadDeadline(wait); err != nil {
+			return Reply{}, err
+		}
+		n, err := s.conn.Read(buf)
+		if err == nil {
+			r, err := parseReply(string(buf[:n]))
+			r.Local = addrPortOf(s.conn.LocalAddr())
+			return r, err
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) || time.Now().After(deadline) {
+			return Reply{}, err
+		}
+	}
+}
+
+// TestProxierEndpointChurn scales a dual-stack Service from 3 endpoints to 1: new
+// TCP connections only reach the survivor, and a UDP "session" (one socket, one
+// source port, one conntrack flow) that was talking to a removed endpoint reaches
+// the survivor with its next datagram, because the proxier's conntrack cleaner
+// deleted the stale flow.
+func TestProxierEndpointChurn(t *testing.T) {
+	e := newProxyNode(t)
+	pods := []*NS{e.c.AddPod("pod-a"), e.c.AddPod("pod-b"), e.c.AddPod("pod-c")}
+	client := e.c.AddPod("client")
+	for _, n := range pods {
+		n.Serve(TCP, pxPodPort)
+		n.Serve(UDP, pxPodPort)
+	}
+	s := svcSpec{name: "churn", n: 20, eps: pods}
+	e.apply(s)
+	e.sync(false)
+
+	sessions := map[*family.Family]*udpSession{}
+	talking := map[string]bool{}
+	for _, f := range family.All {
+		sess := openUDPSession(t, client, netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort))
+		sessions[f] = sess
+		var first string
+		for i := range 3 {
+			r, err := sess.exchange(pxDialWait)
+			if err != nil {
+				e.fatalf(t, "%s udp session %s -> %s: %v", f, client, sess.dst, err)
+			}
+			if i == 0 {
+				first = r.Server
+			} else if r.Server != first {
+				e.fatalf(t, "%s udp session moved from %s to %s without any change", f, first, r.Server)
+			}
+		}
+		talking[first] = true
+	}
+	// Keep an endpoint neither session talks to: both sessions lose theirs.
+	survivor := pods[slices.IndexFunc(pods, func(n *NS) bool { return !talking[n.Name] })]
+	t.Logf("sessions talk to %v; scaling to %s", talking, survivor)
+	s.eps = []*NS{survivor}
+	e.apply(s)
+	e.sync(false)
+
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			vip := netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort)
+			for _, p := range []Proto{TCP, UDP} {
+				for range 15 {
+					e.expectServed(t, client, p, vip, client.IP(f), survivor)
+				}
+			}
+			sess := sessions[f]
+			for range 3 {
+				r, err := sess.exchange(pxDialWait)
+				if err != nil {
+					e.fatalf(t, "udp session after scale-down: %v", err)
+				}
+				if r.Server != survivor.Name {
+					e.fatalf(t, "udp session (local %s) still reaches %s after its endpoint was removed, want %s: stale conntrack flow not cleared",
+						r.Local, r.Server, survivor)
+				}
+			}
+		})
+	}
+	// Scale back up: new connections spread again.
+	s.eps = pods
+	e.apply(s)
+	e.sync(false)
+	for _, f := range family.All {
+		seen := map[string]bool{}
+		for range 30 {
+			seen[e.expectServed(t, client, TCP, netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort), client.IP(f), pods...).Server] = true
+		}
+		if len(seen) < 2 {
+			e.fatalf(t, "%s after scaling back to 3: 30 connections reached only %v", f, seen)
+		}
+	}
+}
