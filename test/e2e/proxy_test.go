@@ -1,0 +1,494 @@
+//go:build e2e && netns
+
+// Package e2e runs the dsproxy binary in a node network namespace against a
+// real control plane (hack/controlplane: etcd, kube-apiserver,
+// kube-controller-manager v1.36) and checks Services with real connections
+// over both families. EndpointSlices come from kube-controller-manager, built
+// from Pods whose status the test writes with the pod namespaces' addresses.
+//
+//	go test -tags e2e,netns -count=1 -v ./test/e2e/...
+//
+// Root only. Environment: DSPROXY_E2E_BIN (a prebuilt dsproxy instead of go
+// build), DSPROXY_E2E_ADMIN=1 (run dsproxy as cluster admin instead of the
+// deploy/rbac.yaml ServiceAccount), DSPROXY_E2E_KEEP_LOGS=1, and the
+// framework's DSPROXY_CP_KEEP=1.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/dsproxy/dsproxy/test/e2e/framework"
+	"github.com/dsproxy/dsproxy/test/netns"
+)
+
+func TestMain(m *testing.M) { framework.Main(m) }
+
+// TestProxy runs the scenarios in order on one node and one dsproxy (restarted
+// by DsproxyRestart); each scenario has its own Services and pods.
+func TestProxy(t *testing.T) {
+	e := newEnv(t,
+		"web-a", "web-b", // Services
+		"s1", "s2", "s3", "s4", // Scaling
+		"f1",             // FamilyPolicy
+		"d1",             // Delete
+		"r1", "r2", "r3", // DsproxyRestart
+		"k1", "k2", // APIServerRestart
+	)
+	t.Run("Services", func(t *testing.T) { testServices(t, e) })
+	t.Run("Scaling", func(t *testing.T) { testScaling(t, e) })
+	t.Run("FamilyPolicy", func(t *testing.T) { testFamilyPolicy(t, e) })
+	t.Run("Delete", func(t *testing.T) { testDelete(t, e) })
+	t.Run("DsproxyRestart", func(t *testing.T) { testDsproxyRestart(t, e) })
+	// Before APIServerRestart: a restarted kube-apiserver briefly answers
+	// "forbidden" to everyone until its RBAC authorizer has caught up.
+	t.Run("Manifests", func(t *testing.T) { testManifests(t, e) })
+	t.Run("APIServerRestart", func(t *testing.T) { testAPIServerRestart(t, e) })
+}
+
+// testServices: ClusterIP, NodePort and LoadBalancer Services, dual-stack and
+// single-stack of each family, over TCP and UDP. Each answers on its families
+// (ClusterIP from the node and from a pod, NodePort on the node IP from the node
+// and from outside, load-balancer IP from outside and from the node) and a
+// single-stack one does not answer on the other family: its NodePort is refused
+// on the other family's node IP, and a load-balancer ingress IP of the other
+// family in its status is ignored.
+func testServices(t *testing.T, e *env) {
+	sel := map[string]string{"app": "web"}
+	e.addPods(t, sel, true, "web-a", "web-b")
+	backends := []string{"web-a", "web-b"}
+	v4, v6 := []corev1.IPFamily{corev1.IPv4Protocol}, []corev1.IPFamily{corev1.IPv6Protocol}
+	cases := []struct {
+		name string
+		typ  corev1.ServiceType
+		fams []corev1.IPFamily // nil: RequireDualStack
+		lb   []netip.Addr
+	}{
+		{"cip-dual", corev1.ServiceTypeClusterIP, nil, nil},
+		{"cip-v4", corev1.ServiceTypeClusterIP, v4, nil},
+		{"cip-v6", corev1.ServiceTypeClusterIP, v6, nil},
+		{"np-dual", corev1.ServiceTypeNodePort, nil, nil},
+		{"np-v4", corev1.ServiceTypeNodePort, v4, nil},
+		{"np-v6", corev1.ServiceTypeNodePort, v6, nil},
+		{"lb-dual", corev1.ServiceTypeLoadBalancer, nil, []netip.Addr{lbIPs[corev1.IPv4Protocol][0], lbIPs[corev1.IPv6Protocol][0]}},
+		// Single-stack with an ingress IP of each family: the other family's is ignored.
+		{"lb-v4", corev1.ServiceTypeLoadBalancer, v4, []netip.Addr{lbIPs[corev1.IPv4Protocol][1], lbIPs[corev1.IPv6Protocol][1]}},
+		{"lb-v6", corev1.ServiceTypeLoadBalancer, v6, []netip.Addr{lbIPs[corev1.IPv6Protocol][2], lbIPs[corev1.IPv4Protocol][2]}},
+	}
+	svcs := map[string]*corev1.Service{}
+	for _, tc := range cases {
+		svcs[tc.name] = e.createService(t, service(tc.name, tc.typ, tc.fams, sel, tcpHTTP, udpHTTP))
+		if tc.lb != nil {
+			svcs[tc.name] = e.setLoadBalancerIPs(t, tc.name, tc.lb...)
+		}
+	}
+	start := time.Now()
+	// The first check waits for the EndpointSlices and dsproxy's sync.
+	first := 15 * time.Second
+	protos := []netns.Proto{netns.TCP, netns.UDP}
+	checks := 0
+	for _, tc := range cases {
+		svc := svcs[tc.name]
+		for _, f := range families {
+			for _, proto := range protos {
+				portName := strings.ToLower(string(proto))
+				vip, has := clusterIP(svc, f, svcPort)
+				if !has {
+					// Single-stack of the other family: no ClusterIP here, and the
+					// NodePort must not open on this family's node IP.
+					if tc.typ != corev1.ServiceTypeClusterIP {
+						dst := netip.AddrPortFrom(nodeIP(f), nodePort(svc, portName))
+						if err := unreachable(e.c.Node, proto, dst, converge, true); err != nil {
+							e.errorf(t, "%s (%v only): NodePort on the %s node IP: %v", tc.name, tc.fams, f, err)
+						}
+						checks++
+					}
+					for _, ip := range tc.lb {
+						if familyOf(ip) != f {
+							continue
+						}
+						dst := netip.AddrPortFrom(ip, svcPort)
+						if err := unreachable(e.external, proto, dst, converge, false); err != nil {
+							e.errorf(t, "%s (%v only): load-balancer IP %s of the other family: %v", tc.name, tc.fams, ip, err)
+						}
+						checks++
+					}
+					continue
+				}
+				dsts := []probeTarget{{e.c.Node, vip}, {e.client, vip}}
+				if tc.typ != corev1.ServiceTypeClusterIP {
+					np := netip.AddrPortFrom(nodeIP(f), nodePort(svc, portName))
+					dsts = append(dsts, probeTarget{e.c.Node, np}, probeTarget{e.external, np})
+				}
+				for _, ip := range tc.lb {
+					if familyOf(ip) == f {
+						lb := netip.AddrPortFrom(ip, svcPort)
+						dsts = append(dsts, probeTarget{e.external, lb}, probeTarget{e.c.Node, lb})
+					}
+				}
+				for _, d := range dsts {
+					if _, err := reach(d.from, proto, d.dst, first, backends...); err != nil {
+						e.errorf(t, "%s: %v", tc.name, err)
+					}
+					first = converge
+					checks++
+				}
+			}
+		}
+	}
+	t.Logf("%d services, %d reachability checks in %v", len(cases), checks, time.Since(start).Round(time.Millisecond))
+	e.checkAlive(t)
+}
+
+// testScaling: endpoints added, deleted and flipped between ready and not
+// ready; new connections reach exactly the ready set within 5s, and none
+// (refused) when no endpoint is ready.
+func testScaling(t *testing.T, e *env) {
+	sel := map[string]string{"app": "scale"}
+	e.addPods(t, sel, true, "s1")
+	svc := e.createService(t, service("scale", corev1.ServiceTypeClusterIP, nil, sel, tcpHTTP))
+	var vips []netip.AddrPort
+	for _, f := range families {
+		vip, _ := clusterIP(svc, f, svcPort)
+		vips = append(vips, vip)
+	}
+	if took, err := waitBackends(e.c.Node, vips, []string{"s1"}, 15*time.Second); err != nil {
+		e.fatalf(t, "initial: %v", err)
+	} else {
+		t.Logf("initial {s1}: %v", took.Round(time.Millisecond))
+	}
+	steps := []struct {
+		what string
+		do   func()
+		want []string
+	}{
+		{"add s2, s3 (ready)", func() { e.addPods(t, sel, true, "s2", "s3") }, []string{"s1", "s2", "s3"}},
+		{"s2 not ready", func() { e.setReady(t, false, "s2") }, []string{"s1", "s3"}},
+		{"delete s1", func() { e.deletePods(t, "s1") }, []string{"s3"}},
+		{"s2 ready, add s4 (not ready)", func() { e.setReady(t, true, "s2"); e.addPods(t, sel, false, "s4") }, []string{"s2", "s3"}},
+		{"s4 ready", func() { e.setReady(t, true, "s4") }, []string{"s2", "s3", "s4"}},
+		{"none ready", func() { e.setReady(t, false, "s2", "s3", "s4") }, nil},
+		{"s3 ready", func() { e.setReady(t, true, "s3") }, []string{"s3"}},
+		{"delete s2, s3, s4", func() { e.deletePods(t, "s2", "s3", "s4") }, nil},
+	}
+	for _, s := range steps {
+		s.do()
+		start := time.Now() // the API write is done
+		if _, err := waitBackends(e.c.Node, vips, s.want, converge); err != nil {
+			e.fatalf(t, "%s: %v", s.what, err)
+		}
+		t.Logf("%-30s -> %v in %v (from the API write)", s.what, s.want, time.Since(start).Round(time.Millisecond))
+	}
+	e.checkAlive(t)
+}
+
+// testFamilyPolicy: a SingleStack IPv4 NodePort Service is upgraded to
+// PreferDualStack (kubectl patch) and downgraded again (client update): the
+// IPv6 ClusterIP and NodePort appear, then disappear; IPv4 keeps working.
+func testFamilyPolicy(t *testing.T, e *env) {
+	sel := map[string]string{"app": "fam"}
+	e.addPods(t, sel, true, "f1")
+	svc := e.createService(t, service("fam", corev1.ServiceTypeNodePort, []corev1.IPFamily{corev1.IPv4Protocol}, sel, tcpHTTP))
+	v4, _ := clusterIP(svc, corev1.IPv4Protocol, svcPort)
+	np := nodePort(svc, "tcp")
+	np4, np6 := netip.AddrPortFrom(netns.NodeIPv4, np), netip.AddrPortFrom(netns.NodeIPv6, np)
+	for _, dst := range []netip.AddrPort{v4, np4} {
+		if _, err := reach(e.c.Node, netns.TCP, dst, 15*time.Second, "f1"); err != nil {
+			e.fatalf(t, "SingleStack IPv4: %v", err)
+		}
+	}
+	if err := unreachable(e.c.Node, netns.TCP, np6, converge, true); err != nil {
+		e.errorf(t, "SingleStack IPv4: %v", err)
+	}
+
+	start := time.Now()
+	if out, err := e.cp.Kubectl("-n", e.ns, "patch", "service", "fam", "--type=merge",
+		"-p", `{"spec":{"ipFamilyPolicy":"PreferDualStack"}}`); err != nil {
+		t.Fatalf("kubectl patch: %v\n%s", err, out)
+	}
+	svc, err := e.cp.Client.CoreV1().Services(e.ns).Get(context.Background(), "fam", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v6, ok := clusterIP(svc, corev1.IPv6Protocol, svcPort)
+	if !ok {
+		t.Fatalf("PreferDualStack: no IPv6 ClusterIP: %v %v", svc.Spec.ClusterIPs, svc.Spec.IPFamilies)
+	}
+	for _, dst := range []netip.AddrPort{v6, np6} {
+		if _, err := reach(e.c.Node, netns.TCP, dst, converge, "f1"); err != nil {
+			e.errorf(t, "PreferDualStack: %v", err)
+		}
+	}
+	t.Logf("PreferDualStack: IPv6 ClusterIP %s and NodePort reachable %v after the patch", v6.Addr(), time.Since(start).Round(time.Millisecond))
+
+	start = time.Now()
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := e.cp.Client.CoreV1().Services(e.ns).Get(context.Background(), "fam", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		single := corev1.IPFamilyPolicySingleStack
+		s.Spec.IPFamilyPolicy = &single
+		s.Spec.IPFamilies = s.Spec.IPFamilies[:1]
+		s.Spec.ClusterIPs = s.Spec.ClusterIPs[:1]
+		_, err = e.cp.Client.CoreV1().Services(e.ns).Update(context.Background(), s, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("downgrade to SingleStack: %v", err)
+	}
+	if err := unreachable(e.c.Node, netns.TCP, v6, converge, false); err != nil {
+		e.errorf(t, "SingleStack again: old IPv6 ClusterIP: %v", err)
+	}
+	if err := unreachable(e.c.Node, netns.TCP, np6, converge, true); err != nil {
+		e.errorf(t, "SingleStack again: IPv6 NodePort: %v", err)
+	}
+	for _, dst := range []netip.AddrPort{v4, np4} {
+		if _, err := reach(e.c.Node, netns.TCP, dst, time.Second, "f1"); err != nil {
+			e.errorf(t, "SingleStack again: %v", err)
+		}
+	}
+	t.Logf("SingleStack again: IPv6 gone in %v", time.Since(start).Round(time.Millisecond))
+	e.checkAlive(t)
+}
+
+// testDelete: after a Service is deleted its ClusterIPs stop answering and its
+// NodePorts are refused, on both families.
+func testDelete(t *testing.T, e *env) {
+	sel := map[string]string{"app": "del"}
+	e.addPods(t, sel, true, "d1")
+	svc := e.createService(t, service("del", corev1.ServiceTypeNodePort, nil, sel, tcpHTTP, udpHTTP))
+	type target struct {
+		proto   netns.Proto
+		dst     netip.AddrPort
+		refused bool
+	}
+	var targets []target
+	for _, f := range families {
+		vip, _ := clusterIP(svc, f, svcPort)
+		targets = append(targets,
+			target{netns.TCP, vip, false}, target{netns.UDP, vip, false},
+			target{netns.TCP, netip.AddrPortFrom(nodeIP(f), nodePort(svc, "tcp")), true},
+			target{netns.UDP, netip.AddrPortFrom(nodeIP(f), nodePort(svc, "udp")), true})
+	}
+	for _, tg := range targets {
+		if _, err := reach(e.c.Node, tg.proto, tg.dst, 15*time.Second, "d1"); err != nil {
+			e.fatalf(t, "before delete: %v", err)
+		}
+	}
+	start := time.Now()
+	if err := e.cp.Client.CoreV1().Services(e.ns).Delete(context.Background(), "del", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range targets {
+		if err := unreachable(e.c.Node, tg.proto, tg.dst, converge, tg.refused); err != nil {
+			e.errorf(t, "after delete: %v", err)
+		}
+	}
+	t.Logf("deleted service unreachable on both families within %v", time.Since(start).Round(time.Millisecond))
+	e.checkAlive(t)
+}
+
+// testDsproxyRestart: dsproxy gets SIGTERM and a new process starts while
+// connections to a ClusterIP are opened every 20ms from the node and from a pod
+// and long-lived connections (one per family) exchange data: none fails, the
+// rules stay in place while no dsproxy runs, and the new process takes over
+// (it follows an endpoint change).
+func testDsproxyRestart(t *testing.T, e *env) {
+	sel := map[string]string{"app": "restart"}
+	e.addPods(t, sel, true, "r1", "r2")
+	svc := e.createService(t, service("restart", corev1.ServiceTypeClusterIP, nil, sel, tcpHTTP, tcpEcho))
+	var (
+		vips    []netip.AddrPort
+		targets []probeTarget
+		echoes  []*echoConn
+	)
+	for _, f := range families {
+		vip, _ := clusterIP(svc, f, svcPort)
+		vips = append(vips, vip)
+		targets = append(targets, probeTarget{e.c.Node, vip}, probeTarget{e.client, vip})
+	}
+	if _, err := waitBackends(e.c.Node, vips, []string{"r1", "r2"}, 15*time.Second); err != nil {
+		e.fatalf(t, "before restart: %v", err)
+	}
+	for _, f := range families {
+		echo, _ := clusterIP(svc, f, echoPort)
+		ec, err := openEcho(e.c.Node, echo)
+		if err != nil {
+			e.fatalf(t, "long-lived connection to %s: %v", echo, err)
+		}
+		t.Cleanup(func() { ec.c.Close() })
+		echoes = append(echoes, ec)
+	}
+
+	old := e.cur()
+	pr := startProber(20*time.Millisecond, targets, echoes)
+	time.Sleep(300 * time.Millisecond)
+	stopStart := time.Now()
+	err := old.stop()
+	stopped := time.Since(stopStart)
+	if err != nil {
+		e.errorf(t, "dsproxy (pid %d) on SIGTERM: %v", old.pid, err)
+	}
+	if err := old.waitLog(0, "rules left in place"); err != nil {
+		e.errorf(t, "old dsproxy: %v", err)
+	}
+	// No dsproxy at all for a while: the rules keep serving.
+	time.Sleep(time.Second)
+	restart := time.Now()
+	p := e.startDsproxy(t)
+	if err := p.waitLog(30*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`); err != nil {
+		e.errorf(t, "new dsproxy: %v", err)
+	}
+	synced := time.Since(restart)
+	// The new process owns the rules: it follows a change.
+	e.addPods(t, sel, true, "r3")
+	took, err := waitBackends(e.c.Node, vips, []string{"r1", "r2", "r3"}, converge)
+	if err != nil {
+		e.errorf(t, "new dsproxy does not follow the endpoint change: %v", err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	dials, failures := pr.finish()
+	t.Logf("old pid %d stopped in %v; new pid %d synced %v after start, followed a change in %v; %d dials, %d long-lived pings",
+		old.pid, stopped.Round(time.Millisecond), p.pid, synced.Round(time.Millisecond), took.Round(time.Millisecond),
+		dials, echoes[0].n+echoes[1].n)
+	if len(failures) > 0 {
+		e.errorf(t, "%d of %d connections failed across the restart:\n%s", len(failures), dials, strings.Join(failures, "\n"))
+	}
+	if dials < 100 {
+		t.Errorf("only %d dials during the restart; the prober did not keep up", dials)
+	}
+	for _, ec := range echoes {
+		if err := ec.ping(); err != nil {
+			e.errorf(t, "long-lived connection after the restart: %v", err)
+		}
+	}
+	e.checkAlive(t)
+}
+
+// testAPIServerRestart: kube-apiserver is killed and started again. dsproxy
+// keeps serving its rules throughout, does not restart, and its informers
+// recover: a Service and an endpoint created after the restart are programmed.
+func testAPIServerRestart(t *testing.T, e *env) {
+	// Other test processes sharing the control plane (e.g. the framework
+	// package's tests when packages run in parallel) would see the outage.
+	deadline := time.Now().Add(90 * time.Second)
+	for len(e.cp.OtherLeases()) > 0 {
+		if time.Now().After(deadline) {
+			t.Skipf("other test processes %v still use the control plane; not restarting its API server", e.cp.OtherLeases())
+		}
+		time.Sleep(time.Second)
+	}
+	sel := map[string]string{"app": "api"}
+	e.addPods(t, sel, true, "k1")
+	svc := e.createService(t, service("api", corev1.ServiceTypeClusterIP, nil, sel, tcpHTTP))
+	var vips []netip.AddrPort
+	var targets []probeTarget
+	for _, f := range families {
+		vip, _ := clusterIP(svc, f, svcPort)
+		vips = append(vips, vip)
+		targets = append(targets, probeTarget{e.c.Node, vip})
+	}
+	if _, err := waitBackends(e.c.Node, vips, []string{"k1"}, 15*time.Second); err != nil {
+		e.fatalf(t, "before the restart: %v", err)
+	}
+	p := e.cur()
+	pr := startProber(50*time.Millisecond, targets, nil)
+	down, err := e.cp.RestartAPIServer(context.Background())
+	if err != nil {
+		pr.finish()
+		e.fatalf(t, "%v", err)
+	}
+	// Keep probing a little after the restart, while the informers reconnect.
+	time.Sleep(time.Second)
+	dials, failures := pr.finish()
+	t.Logf("kube-apiserver down for %v; %d dials meanwhile", down.Round(time.Millisecond), dials)
+	if len(failures) > 0 {
+		e.errorf(t, "%d of %d connections failed while the API server restarted:\n%s", len(failures), dials, strings.Join(failures, "\n"))
+	}
+	if e.cur() != p || p.exited() {
+		e.fatalf(t, "dsproxy (pid %d) did not survive the API server restart: %v", p.pid, p.err)
+	}
+
+	// Changes after the restart: kube-controller-manager must first notice
+	// (its own informers recover), then dsproxy.
+	start := time.Now()
+	e.addPods(t, sel, true, "k2")
+	svc2 := e.createService(t, service("api2", corev1.ServiceTypeClusterIP, nil, sel, tcpHTTP))
+	for _, f := range families {
+		if _, err := e.cp.WaitForEndpointSlices(e.ns, "api", f, 2); err != nil {
+			t.Fatalf("kube-controller-manager after the restart: %v", err)
+		}
+		if _, err := e.cp.WaitForEndpointSlices(e.ns, "api2", f, 2); err != nil {
+			t.Fatalf("kube-controller-manager after the restart: %v", err)
+		}
+	}
+	kcm := time.Since(start)
+	for _, f := range families {
+		vip, _ := clusterIP(svc2, f, svcPort)
+		vips = append(vips, vip)
+	}
+	// client-go's reflectors back off up to 30s between failed list/watch
+	// attempts; allow one full backoff step.
+	took, err := waitBackends(e.c.Node, vips, []string{"k1", "k2"}, 45*time.Second)
+	if err != nil {
+		e.fatalf(t, "dsproxy did not pick up changes made after the API server restart: %v", err)
+	}
+	t.Logf("after the restart: EndpointSlices in %v, dsproxy followed %v later", kcm.Round(time.Millisecond), took.Round(time.Millisecond))
+	if e.cur() != p || p.exited() {
+		e.fatalf(t, "dsproxy (pid %d) restarted or exited: %v", p.pid, p.err)
+	}
+}
+
+// testManifests: the deploy/ manifests pass server-side validation, and (unless
+// DSPROXY_E2E_ADMIN=1) dsproxy ran the whole suite as the ServiceAccount of
+// deploy/rbac.yaml without a single forbidden request.
+func testManifests(t *testing.T, e *env) {
+	var args []string
+	for _, f := range []string{"rbac.yaml", "configmap.yaml", "daemonset.yaml"} {
+		args = append(args, "-f", filepath.Join(e.root, "deploy", f))
+	}
+	out, err := e.cp.Kubectl(append([]string{"apply", "--dry-run=server"}, args...)...)
+	if err != nil {
+		t.Fatalf("kubectl apply --dry-run=server: %v\n%s", err, out)
+	}
+	if n := strings.Count(out, "(server dry run)"); n < 5 {
+		t.Errorf("kubectl apply --dry-run=server: %d objects validated, want 5:\n%s", n, out)
+	}
+	t.Logf("kubectl apply --dry-run=server:\n%s", strings.TrimSpace(out))
+	if !e.saRBAC {
+		t.Log("dsproxy ran as admin (DSPROXY_E2E_ADMIN=1): RBAC not exercised")
+		return
+	}
+	var forbidden []string
+	e.mu.Lock()
+	procs := append([]*proc(nil), e.procs...)
+	e.mu.Unlock()
+	for _, p := range procs {
+		data, err := os.ReadFile(p.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			if strings.Contains(strings.ToLower(l), "forbidden") {
+				forbidden = append(forbidden, fmt.Sprintf("pid %d: %s", p.pid, l))
+			}
+		}
+	}
+	if len(forbidden) > 0 {
+		t.Errorf("dsproxy as ServiceAccount kube-system/dsproxy hit forbidden requests (deploy/rbac.yaml too narrow):\n%s",
+			strings.Join(forbidden, "\n"))
+	} else {
+		t.Logf("dsproxy ran as system:serviceaccount:kube-system:dsproxy (deploy/rbac.yaml) with no forbidden request in %d process logs", len(procs))
+	}
+}
