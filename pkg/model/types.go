@@ -7,6 +7,7 @@
 package model
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -35,26 +36,8 @@ func (n ServicePortName) String() string {
 
 // Compare orders names for deterministic output.
 func (n ServicePortName) Compare(o ServicePortName) int {
-	if c := cmpString(n.Namespace, o.Namespace); c != 0 {
-		return c
-	}
-	if c := cmpString(n.Name, o.Name); c != 0 {
-		return c
-	}
-	if c := cmpString(n.Port, o.Port); c != 0 {
-		return c
-	}
-	return cmpString(string(n.Protocol), string(o.Protocol))
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	return cmp.Or(cmp.Compare(n.Namespace, o.Namespace), cmp.Compare(n.Name, o.Name),
+		cmp.Compare(n.Port, o.Port), cmp.Compare(n.Protocol, o.Protocol))
 }
 
 // ServicePort is one port of one Service as a single family serves it. Every address
