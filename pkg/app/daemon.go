@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"os"
+	"runtime"
 	"runtime/debug"
 	"time"
 
@@ -143,6 +145,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go serveHTTP(ctx, "healthz", d.cfg.HealthzBindAddress, d.health.Handler())
 	defer d.svcHC.Close()
 	go d.relaxGCUntilProgrammed(ctx)
+	d.applyConntrackSysctls()
 	h := &handler{MetaProxier: d.meta, d: d}
 	if err := watch.Start(ctx, d.client, h, watch.Options{NodeName: d.nodeName, ResyncPeriod: d.cfg.ConfigSyncPeriod, ServiceCIDRs: true}); err != nil {
 		return err
@@ -240,5 +243,25 @@ func (d *Daemon) relaxGCUntilProgrammed(ctx context.Context) {
 		if done {
 			return
 		}
+	}
+}
+
+// applyConntrackSysctls applies kube-proxy's conntrack tuning. Failures are logged:
+// a node whose sysctls cannot be changed (a read-only /sys) still gets its
+// Services. Outside the host's network namespace (tests, the demo) nothing is
+// tuned: nf_conntrack_max and the hash size are global to the machine.
+func (d *Daemon) applyConntrackSysctls() {
+	self, err1 := os.Readlink("/proc/self/ns/net")
+	host, err2 := os.Readlink("/proc/1/ns/net")
+	if err1 != nil || err2 != nil || self != host {
+		klog.InfoS("Not in the host network namespace; leaving conntrack sysctls alone")
+		return
+	}
+	c := d.cfg.Conntrack
+	s := conntrack.Sysctls{MaxPerCore: int(c.MaxPerCore), Min: int(c.Min),
+		TCPEstablishedTimeout: c.TCPEstablishedTimeout, TCPCloseWaitTimeout: c.TCPCloseWaitTimeout,
+		TCPBeLiberal: c.TCPBeLiberal, UDPTimeout: c.UDPTimeout, UDPStreamTimeout: c.UDPStreamTimeout}
+	if err := s.Apply(conntrack.HostSysFS, runtime.NumCPU()); err != nil {
+		klog.ErrorS(err, "Some conntrack settings could not be applied")
 	}
 }

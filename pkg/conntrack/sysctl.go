@@ -1,0 +1,107 @@
+package conntrack
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Sysctls is kube-proxy's conntrack tuning (--conntrack-* flags, the "conntrack"
+// section of KubeProxyConfiguration). Zero values leave the kernel's setting alone.
+type Sysctls struct {
+	MaxPerCore            int
+	Min                   int
+	TCPEstablishedTimeout time.Duration
+	TCPCloseWaitTimeout   time.Duration
+	TCPBeLiberal          bool
+	UDPTimeout            time.Duration
+	UDPStreamTimeout      time.Duration
+}
+
+// maxConntrackMax caps MaxPerCore × CPUs, as kube-proxy does.
+const maxConntrackMax = 1048576
+
+// Max returns the nf_conntrack_max kube-proxy would set on a machine with numCPU
+// CPUs, or 0 for "leave it".
+func (s Sysctls) Max(numCPU int) int {
+	if s.MaxPerCore <= 0 {
+		return 0
+	}
+	return min(max(s.MaxPerCore*numCPU, s.Min), maxConntrackMax)
+}
+
+// SysFS names where the settings live: normally "/proc/sys" and "/sys"; tests
+// point them at a temporary directory.
+type SysFS struct {
+	ProcSys string
+	Sys     string
+}
+
+// HostSysFS is the running kernel's.
+var HostSysFS = SysFS{ProcSys: "/proc/sys", Sys: "/sys"}
+
+// Apply writes the settings that differ from the kernel's, and raises the
+// conntrack hash size to a quarter of nf_conntrack_max when it is smaller (as
+// kube-proxy does). Every setting is attempted; the error joins those that failed
+// (in a network namespace other than the initial one nf_conntrack_max is
+// read-only, for example).
+func (s Sysctls) Apply(fs SysFS, numCPU int) error {
+	var errs []error
+	set := func(name string, v int) {
+		if err := writeIfDifferent(filepath.Join(fs.ProcSys, "net/netfilter", name), v); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if m := s.Max(numCPU); m > 0 {
+		set("nf_conntrack_max", m)
+		hash := filepath.Join(fs.Sys, "module/nf_conntrack/parameters/hashsize")
+		if cur, err := readInt(hash); err != nil {
+			errs = append(errs, err)
+		} else if cur < m/4 {
+			errs = append(errs, writeInt(hash, m/4))
+		}
+	}
+	seconds := func(name string, d time.Duration) {
+		if d > 0 {
+			set(name, int(d/time.Second))
+		}
+	}
+	seconds("nf_conntrack_tcp_timeout_established", s.TCPEstablishedTimeout)
+	seconds("nf_conntrack_tcp_timeout_close_wait", s.TCPCloseWaitTimeout)
+	if s.TCPBeLiberal {
+		set("nf_conntrack_tcp_be_liberal", 1)
+	}
+	seconds("nf_conntrack_udp_timeout", s.UDPTimeout)
+	seconds("nf_conntrack_udp_timeout_stream", s.UDPStreamTimeout)
+	return errors.Join(errs...)
+}
+
+func writeIfDifferent(path string, v int) error {
+	if cur, err := readInt(path); err == nil && cur == v {
+		return nil
+	}
+	return writeInt(path, v)
+}
+
+func readInt(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("reading %s: %w", path, err)
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return v, nil
+}
+
+func writeInt(path string, v int) error {
+	if err := os.WriteFile(path, []byte(strconv.Itoa(v)), 0o644); err != nil {
+		return fmt.Errorf("setting %s to %d: %w", path, v, err)
+	}
+	return nil
+}
