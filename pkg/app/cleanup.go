@@ -17,9 +17,9 @@ import (
 const KubeProxyTable = "kube-proxy"
 
 // Cleanup removes everything dsproxy created in both families, and with kubeProxy
-// also kube-proxy's nftables tables (for a migration from kube-proxy's nftables
-// mode). Missing state is not an error. kube-proxy's iptables-mode chains are not
-// removed yet.
+// also kube-proxy's state from either of its modes: its nftables tables and its
+// iptables KUBE- chains and the rules jumping to them. Missing state is not an
+// error.
 func Cleanup(ctx context.Context, kubeProxy bool) error {
 	k, err := nft.NewNetlink()
 	if err != nil {
@@ -39,6 +39,11 @@ func Cleanup(ctx context.Context, kubeProxy bool) error {
 			}
 		}
 		klog.InfoS("Cleaned up", "ipFamily", f.Name, "kubeProxy", kubeProxy)
+	}
+	if kubeProxy {
+		if err := cleanupKubeProxyIPTables(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -1,0 +1,63 @@
+//go:build netns
+
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestCleanupKubeProxyIPTablesRealKernel loads kube-proxy-shaped iptables rules in a
+// fresh network namespace and checks that only kube-proxy's are removed.
+func TestCleanupKubeProxyIPTablesRealKernel(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if _, err := exec.LookPath("iptables-nft-restore"); err != nil {
+		t.Skip("iptables-nft not installed")
+	}
+	ns := fmt.Sprintf("dsp-ipt-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	inNS := func(ctx context.Context, name string, args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, name}, args...)...)
+	}
+	for _, bin := range []string{"iptables-nft-restore", "ip6tables-nft-restore"} {
+		load := inNS(context.Background(), bin)
+		rules := kubeProxySave
+		if strings.HasPrefix(bin, "ip6") {
+			rules = strings.ReplaceAll(rules, "10.96.0.1/32", "fd00:96::1/128")
+		}
+		load.Stdin = strings.NewReader(rules)
+		if out, err := load.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", bin, err, out)
+		}
+	}
+	old := command
+	command = inNS
+	t.Cleanup(func() { command = old })
+	if err := cleanupKubeProxyIPTables(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, bin := range []string{"iptables-nft-save", "ip6tables-nft-save"} {
+		out, err := inNS(context.Background(), bin).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(out)
+		if strings.Contains(s, "KUBE-") {
+			t.Errorf("%s still has kube-proxy state:\n%s", bin, s)
+		}
+		for _, keep := range []string{":MY-CHAIN", "-A INPUT -j MY-CHAIN", "--dport 22 -j ACCEPT", "-j MARK"} {
+			if !strings.Contains(s, keep) {
+				t.Errorf("%s lost %q:\n%s", bin, keep, s)
+			}
+		}
+	}
+}
