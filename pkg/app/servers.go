@@ -15,6 +15,7 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/healthcheck"
 	"github.com/dsproxy/dsproxy/pkg/metrics"
 	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
 
 // localState merges what each family knows about local endpoints into the service
@@ -85,3 +86,6 @@ func serveHTTP(ctx context.Context, name, addr string, h http.Handler) {
 		}
 	}
 }
+
+// The daemon's metrics receive the proxiers' change counts.
+var _ proxier.ChangeObserver = (*metrics.Metrics)(nil)

@@ -159,8 +159,24 @@ func (p *Proxier) OnServiceDelete(svc *v1.Service) { p.onService(svc, nil) }
 
 func (p *Proxier) onService(old, cur *v1.Service) {
 	if p.services.Update(old, cur) {
+		if o, ok := p.cfg.Observer.(ChangeObserver); ok {
+			o.AddServiceChanges(1)
+			o.SetServiceChangesPending(p.cfg.Family, p.services.Pending())
+			o.SyncQueued(p.cfg.Family)
+		}
 		p.runner.Trigger()
 	}
+}
+
+// ChangeObserver is the optional part of an Observer that counts changes as they
+// are queued (kube-proxy's *_changes_pending, *_changes_total and
+// last_queued_timestamp metrics).
+type ChangeObserver interface {
+	AddServiceChanges(n int)
+	AddEndpointChanges(n int)
+	SetServiceChangesPending(f *family.Family, n int)
+	SetEndpointChangesPending(f *family.Family, n int)
+	SyncQueued(f *family.Family)
 }
 
 // OnEndpointSliceAdd records a new slice of this family.
@@ -181,6 +197,11 @@ func (p *Proxier) onSlice(es *discovery.EndpointSlice, deleted bool) {
 	}
 	if changed {
 		p.recordTrigger(es)
+		if o, ok := p.cfg.Observer.(ChangeObserver); ok {
+			o.AddEndpointChanges(1)
+			o.SetEndpointChangesPending(p.cfg.Family, p.slices.Pending())
+			o.SyncQueued(p.cfg.Family)
+		}
 		p.runner.Trigger()
 	}
 }
@@ -285,6 +306,10 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	changed := p.services.Checkout(p.svcMap, full)
 	for nn := range p.slices.Checkout(p.epMap, full) {
 		changed[nn] = true
+	}
+	if o, ok := p.cfg.Observer.(ChangeObserver); ok {
+		o.SetServiceChangesPending(p.cfg.Family, 0)
+		o.SetEndpointChangesPending(p.cfg.Family, 0)
 	}
 	req := &SyncRequest{
 		Full:        full,

@@ -197,3 +197,34 @@ func TestNetworkProgrammingTriggerTimes(t *testing.T) {
 		t.Fatalf("a trigger time was observed twice: %v (%v)", obs.got, err)
 	}
 }
+
+// The daemon's metrics implement ChangeObserver; this checks the proxier feeds it.
+func TestChangeObserver(t *testing.T) {
+	f := family.IPv4
+	p, _ := newTestProxier(t, f, nil)
+	obs := &changeCounter{}
+	p.cfg.Observer = obs
+	p.OnServiceAdd(service(f, "web", f))
+	p.OnServiceAdd(service(f, "web", f)) // still pending: counted, as kube-proxy counts every event
+	p.OnEndpointSliceAdd(endpointSlice(f, "web", 1))
+	if obs.svc != 2 || obs.eps != 1 || obs.queued != 3 || obs.pendingSvc != 1 || obs.pendingEps != 1 {
+		t.Fatalf("before sync: %+v", obs)
+	}
+	if err := p.Sync(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if obs.pendingSvc != 0 || obs.pendingEps != 0 {
+		t.Fatalf("after sync: %+v", obs)
+	}
+}
+
+type changeCounter struct {
+	programmingObserver
+	svc, eps, queued, pendingSvc, pendingEps int
+}
+
+func (c *changeCounter) AddServiceChanges(n int)                           { c.svc += n }
+func (c *changeCounter) AddEndpointChanges(n int)                          { c.eps += n }
+func (c *changeCounter) SetServiceChangesPending(_ *family.Family, n int)  { c.pendingSvc = n }
+func (c *changeCounter) SetEndpointChangesPending(_ *family.Family, n int) { c.pendingEps = n }
+func (c *changeCounter) SyncQueued(*family.Family)                         { c.queued++ }

@@ -44,3 +44,23 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkColdStart measures the pure-Go cost of a rebuild (cache fill, element
+// lists, transaction building) with a kernel that accepts everything.
+func BenchmarkColdStart(b *testing.B) {
+	for _, n := range []int{10000, 30000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			f := family.IPv4
+			e, _ := bigEnv(b, f, n, nil)
+			e.t = nil
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				e.b = New(f, &recorder{}, Options{})
+				if _, err := e.b.Sync(b.Context(), syncAll(e)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

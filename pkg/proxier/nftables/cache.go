@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nft"
@@ -26,23 +27,55 @@ type owner struct {
 	data string
 }
 
-// element is one key of a set with everyone who wants it, ordered by owner id. The
-// kernel holds the lowest owner's data, so two Services claiming the same external
-// address resolve deterministically, and removing one hands the key to the other.
-type element struct{ owners []owner }
+// element is one key of a set with everyone who wants it, ordered by owner id: first
+// is the lowest, more the others (nearly always none). The kernel holds the lowest
+// owner's data, so two Services claiming the same external address resolve
+// deterministically, and removing one hands the key to the other. Elements are map
+// values, not objects of their own: a cold start at 30k services makes about 330k of
+// them per family, and every heap object is GC mark work.
+type element struct {
+	first owner
+	more  []owner
+}
 
-func (e *element) effective() (string, bool) {
-	if len(e.owners) == 0 {
-		return "", false
+func (e element) effective() string { return e.first.data }
+
+// insert adds o before the owners with an id >= o.id.
+func (e *element) insert(o owner) {
+	if o.id <= e.first.id {
+		e.more = slices.Insert(e.more, 0, e.first)
+		e.first = o
+		return
 	}
-	return e.owners[0].data, true
+	i, _ := slices.BinarySearchFunc(e.more, o.id, func(o owner, id uint32) int { return cmpU32(o.id, id) })
+	e.more = slices.Insert(e.more, i, o)
+}
+
+// remove removes the first owner o and reports whether any owner is left.
+func (e *element) remove(o owner) (left bool) {
+	if e.first == o {
+		if len(e.more) == 0 {
+			return false
+		}
+		e.first = e.more[0]
+		e.more = slices.Delete(e.more, 0, 1)
+	} else if i := slices.Index(e.more, o); i >= 0 {
+		e.more = slices.Delete(e.more, i, i+1)
+	}
+	if len(e.more) == 0 {
+		e.more = nil
+	}
+	return true
 }
 
 type setState struct {
 	key     setKey
 	def     *nft.Set
-	elems   map[string]*element
+	elems   map[string]element
 	written bool // created in the kernel
+	// pending are the elements to add, in first-added order, while the cache is
+	// fresh (see cache.fresh).
+	pending []nft.Element
 }
 
 // portRecord is what one service port contributed at the last sync, and the slot of
@@ -76,6 +109,15 @@ type cache struct {
 	chainsStale bool
 
 	touched map[setKey]map[string]before
+
+	// fresh: the cache started empty and nothing was drained yet (a rebuild), so
+	// every element is an addition. Mutations then record nothing in touched; a new
+	// key goes to its set's pending list with the data it will have, and drain emits
+	// those lists without diffing or sorting. Owners are added in increasing id
+	// order (node first, then ports in name order), so the first owner of a key
+	// stays its effective one; when that does not hold (an owner with an id <= the
+	// first one's, or a removal) freshDirty makes drain emit from the maps instead.
+	fresh, freshDirty bool
 }
 
 func newCache(x exprs) *cache {
@@ -96,51 +138,70 @@ func newCache(x exprs) *cache {
 func (c *cache) set(k setKey) *setState {
 	s, ok := c.sets[k]
 	if !ok {
-		s = &setState{key: k, def: c.types.setDef(k), elems: map[string]*element{}}
+		s = &setState{key: k, def: c.types.setDef(k), elems: map[string]element{}}
 		c.sets[k] = s
 		c.chainsStale = c.chainsStale || k.dynamic()
 	}
 	return s
 }
 
-func (c *cache) touch(s *setState, key string) *element {
-	e := s.elems[key]
+// touch records the kernel value of key before its first change since the last
+// drain, and returns its element.
+func (c *cache) touch(s *setState, key string) (element, bool) {
+	e, ok := s.elems[key]
 	t := c.touched[s.key]
 	if t == nil {
 		t = map[string]before{}
 		c.touched[s.key] = t
 	}
-	if _, ok := t[key]; !ok {
-		var b before
-		if e != nil {
-			b.data, b.ok = e.effective()
-		}
-		t[key] = b
+	if _, seen := t[key]; !seen {
+		t[key] = before{data: e.effective(), ok: ok}
 	}
-	return e
+	return e, ok
 }
 
 func (c *cache) addOwner(id uint32, ct contrib) {
 	s := c.set(ct.set)
-	e := c.touch(s, ct.key)
-	if e == nil {
-		e = &element{}
+	o := owner{id: id, data: ct.data}
+	if c.fresh {
+		e, ok := s.elems[ct.key]
+		if !ok {
+			s.elems[ct.key] = element{first: o}
+			s.pending = append(s.pending, elementOf(ct.key, ct.data, s.def.IsMap))
+			return
+		}
+		if id <= e.first.id {
+			c.freshDirty = true
+		}
+		e.insert(o)
 		s.elems[ct.key] = e
+		return
 	}
-	i, _ := slices.BinarySearchFunc(e.owners, id, func(o owner, id uint32) int { return cmpU32(o.id, id) })
-	e.owners = slices.Insert(e.owners, i, owner{id: id, data: ct.data})
+	e, ok := c.touch(s, ct.key)
+	if !ok {
+		s.elems[ct.key] = element{first: o}
+		return
+	}
+	e.insert(o)
+	s.elems[ct.key] = e
 }
 
 func (c *cache) removeOwner(id uint32, ct contrib) {
 	s := c.set(ct.set)
-	e := c.touch(s, ct.key)
-	if e == nil {
+	var e element
+	var ok bool
+	if c.fresh {
+		c.freshDirty = true
+		e, ok = s.elems[ct.key]
+	} else {
+		e, ok = c.touch(s, ct.key)
+	}
+	if !ok {
 		return
 	}
-	if i := slices.IndexFunc(e.owners, func(o owner) bool { return o.id == id && o.data == ct.data }); i >= 0 {
-		e.owners = slices.Delete(e.owners, i, i+1)
-	}
-	if len(e.owners) == 0 {
+	if e.remove(owner{id: id, data: ct.data}) {
+		s.elems[ct.key] = e
+	} else {
 		delete(s.elems, ct.key)
 	}
 }
@@ -207,7 +268,16 @@ func (c *cache) drain(table string, gc bool) *plan {
 			p.addSets = append(p.addSets, nft.Op{Kind: nft.OpAddSet, Table: table, Set: s.def})
 			s.written = true
 		}
-		del, add := c.elementDiff(s)
+		var del, add []nft.Element
+		switch {
+		case c.fresh && !c.freshDirty:
+			add = s.pending
+		case c.fresh:
+			add = c.allElements(s)
+		default:
+			del, add = c.elementDiff(s)
+		}
+		s.pending = nil
 		if len(del) > 0 {
 			p.deletes = append(p.deletes, nft.Op{Kind: nft.OpDeleteElements, Table: table, SetName: s.def.Name, Elements: del})
 		}
@@ -216,17 +286,25 @@ func (c *cache) drain(table string, gc bool) *plan {
 		}
 	}
 	clear(c.touched)
+	c.fresh, c.freshDirty = false, false
 	return p
+}
+
+// allElements returns every element of s with its effective data, sorted by key.
+func (c *cache) allElements(s *setState) []nft.Element {
+	out := make([]nft.Element, 0, len(s.elems))
+	for _, key := range slices.Sorted(maps.Keys(s.elems)) {
+		out = append(out, elementOf(key, s.elems[key].effective(), s.def.IsMap))
+	}
+	return out
 }
 
 func (c *cache) elementDiff(s *setState) (del, add []nft.Element) {
 	t := c.touched[s.key]
 	for _, key := range slices.Sorted(maps.Keys(t)) {
 		b := t[key]
-		var now before
-		if e := s.elems[key]; e != nil {
-			now.data, now.ok = e.effective()
-		}
+		e, ok := s.elems[key]
+		now := before{data: e.effective(), ok: ok}
 		if b == now {
 			continue
 		}
@@ -240,12 +318,23 @@ func (c *cache) elementDiff(s *setState) (del, add []nft.Element) {
 	return del, add
 }
 
+// elementOf returns the element for key and data. Its byte slices share the
+// strings' memory (nothing writes to elements' bytes): a cold start emits every
+// element, and copying them doubled its garbage.
 func elementOf(key, data string, isMap bool) nft.Element {
-	e := nft.Element{Key: []byte(key)}
+	e := nft.Element{Key: bytesOf(key)}
 	if isMap {
-		e.Data = []byte(data)
+		e.Data = bytesOf(data)
 	}
 	return e
+}
+
+// bytesOf returns the bytes of s without copying them; they must not be modified.
+func bytesOf(s string) []byte {
+	if s == "" {
+		return nil
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
 func (c *cache) sortedSetKeys() []setKey {

@@ -158,7 +158,7 @@ func (b *Backend) repairSet(ctx context.Context, tx *nft.Tx, s *setState) (int, 
 		key := string(e.Key)
 		seen[key] = true
 		want, ok := s.elems[key]
-		data, _ := want.effectiveOrNil()
+		data := want.effective()
 		switch {
 		case !ok:
 			del = append(del, nft.Element{Key: e.Key})
@@ -169,8 +169,7 @@ func (b *Backend) repairSet(ctx context.Context, tx *nft.Tx, s *setState) (int, 
 	}
 	for key, e := range s.elems {
 		if !seen[key] {
-			data, _ := e.effective()
-			add = append(add, elementOf(key, data, s.def.IsMap))
+			add = append(add, elementOf(key, e.effective(), s.def.IsMap))
 		}
 	}
 	tx.DeleteElements(b.table, s.def.Name, del)
@@ -191,11 +190,4 @@ func countBoth(del, add []nft.Element) int {
 		}
 	}
 	return n
-}
-
-func (e *element) effectiveOrNil() (string, bool) {
-	if e == nil {
-		return "", false
-	}
-	return e.effective()
 }
