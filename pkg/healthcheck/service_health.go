@@ -68,6 +68,10 @@ type ServiceHealthServer struct {
 type hcInstance struct {
 	port    uint16
 	servers []*http.Server
+	// listeners are closed directly as well: a server closed before its Serve
+	// goroutine has started would otherwise keep the port until that goroutine runs,
+	// and an immediate reopen of the port would fail.
+	listeners []net.Listener
 }
 
 // NewServiceHealthServer returns a server with no Services.
@@ -185,6 +189,7 @@ func (s *ServiceHealthServer) open(nsn types.NamespacedName, port uint16) (*hcIn
 		}
 		srv := &http.Server{Handler: handler, ReadHeaderTimeout: readHeaderTimeout}
 		inst.servers = append(inst.servers, srv)
+		inst.listeners = append(inst.listeners, l)
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -201,6 +206,9 @@ func (s *ServiceHealthServer) closeInstance(nsn types.NamespacedName, inst *hcIn
 		if err := srv.Close(); err != nil {
 			s.log.Error(err, "Closing healthcheck", "service", nsn, "port", inst.port)
 		}
+	}
+	for _, l := range inst.listeners {
+		_ = l.Close() // already closed by Serve's return in the common case
 	}
 }
 
