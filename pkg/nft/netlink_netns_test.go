@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -171,6 +172,11 @@ func TestNetlinkDifferential(t *testing.T) {
 			tx.SetChain(testTable, filterChain("filter-output", hookOut()))
 			d.apply("churn", tx, nil)
 
+			// Appending keeps the chain's rules.
+			tx = NewTx(fam)
+			tx.AppendRules(testTable, "services", []Rule{rule("appended", append(rs.svcKey(), &expr.Lookup{SourceRegister: r8, SetName: "no-endpoints"}, dropV())...)})
+			d.apply("append rules", tx, nil)
+
 			bad := func(name string, want error, build func(tx *Tx)) {
 				tx := NewTx(fam)
 				tx.AddElements(testTable, "no-endpoints", []Element{{Key: rs.svcKeyBytes(ad.remote, 17, 1)}})
@@ -187,6 +193,9 @@ func TestNetlinkDifferential(t *testing.T) {
 			bad("chain referenced by a vmap", syscall.EBUSY, func(tx *Tx) { tx.DeleteChain("aux", "lb") })
 			bad("missing set in lookup", syscall.ENOENT, func(tx *Tx) {
 				tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", append(rs.svcKey(), &expr.Lookup{SourceRegister: r8, SetName: "nope"})...)}})
+			})
+			bad("append to missing chain", syscall.ENOENT, func(tx *Tx) {
+				tx.AppendRules(testTable, "nope", []Rule{rule("", dropV())})
 			})
 			bad("jump to missing chain", syscall.ENOENT, func(tx *Tx) {
 				tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", jumpV("nope"))}})
@@ -247,21 +256,27 @@ func TestNetlinkChunking(t *testing.T) {
 			if err := nl.Apply(ctx, tx); err != nil {
 				t.Fatal(err)
 			}
-			got, err := nl.ListElements(ctx, fam, testTable, "endpoints")
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The kernel lists a hash set in no particular order.
+			// The kernel lists a hash set in no particular order, and a listing taken
+			// while the set's hash table is still being resized in the background
+			// (right after a big insert, later on a loaded machine) may repeat or
+			// skip elements; so compare sorted, and list again on a mismatch. The
+			// delete of every element below proves they are all there.
 			byKey := func(a, b Element) int { return bytes.Compare(a.Key, b.Key) }
 			slices.SortFunc(want, byKey)
-			slices.SortFunc(got, byKey)
-			if len(got) != len(want) {
-				t.Fatalf("read back %d elements, want %d", len(got), len(want))
-			}
-			for i := range want {
-				if !bytes.Equal(got[i].Key, want[i].Key) || !bytes.Equal(got[i].Data, want[i].Data) {
-					t.Fatalf("element %d: got %x : %x, want %x : %x", i, got[i].Key, got[i].Data, want[i].Key, want[i].Data)
+			var mismatch string
+			for try := 0; try < 10; try++ {
+				got, err := nl.ListElements(ctx, fam, testTable, "endpoints")
+				if err != nil {
+					t.Fatal(err)
 				}
+				slices.SortFunc(got, byKey)
+				if mismatch = elementsDiff(got, want); mismatch == "" {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			if mismatch != "" {
+				t.Fatal(mismatch)
 			}
 			// Every element is really there: deleting them all succeeds.
 			tx = NewTx(fam)
@@ -271,4 +286,17 @@ func TestNetlinkChunking(t *testing.T) {
 			}
 		})
 	}
+}
+
+// elementsDiff describes the first difference between two sorted element lists.
+func elementsDiff(got, want []Element) string {
+	if len(got) != len(want) {
+		return fmt.Sprintf("read back %d elements, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if !bytes.Equal(got[i].Key, want[i].Key) || !bytes.Equal(got[i].Data, want[i].Data) {
+			return fmt.Sprintf("element %d: got %x : %x, want %x : %x", i, got[i].Key, got[i].Data, want[i].Key, want[i].Data)
+		}
+	}
+	return ""
 }
