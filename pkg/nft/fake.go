@@ -164,6 +164,8 @@ func (w *work) apply(op Op) error {
 		return w.deleteSet(t, op.SetName)
 	case OpSetChain:
 		return w.setChain(t, op.Chain)
+	case OpAppendRules:
+		return w.appendRules(t, op.Chain)
 	case OpDeleteChain:
 		return w.deleteChain(t, op.Name)
 	case OpAddElements:
@@ -273,6 +275,26 @@ func (w *work) setChain(t *fTable, c *Chain) error {
 	// The chain exists (without rules) while its rules are checked: a rule may
 	// reference it only through a loop, which validateGraph rejects.
 	t.chains[c.Name] = nc
+	for i, r := range c.Rules {
+		if err := w.validateRule(t, r); err != nil {
+			return fmt.Errorf("rule %d: %w", i, err)
+		}
+		nc.Rules = append(nc.Rules, Rule{Exprs: cloneExprs(r.Exprs), Comment: r.Comment})
+	}
+	return nil
+}
+
+func (w *work) appendRules(t *fTable, c *Chain) error {
+	if c == nil || c.Name == "" {
+		return fmt.Errorf("chain without name: %w", syscall.EINVAL)
+	}
+	old, ok := t.chains[c.Name]
+	if !ok {
+		return fmt.Errorf("chain %s: %w", c.Name, syscall.ENOENT)
+	}
+	nc := *old // committed chains are shared: copy on write
+	nc.Rules = slices.Clone(old.Rules)
+	t.chains[c.Name] = &nc
 	for i, r := range c.Rules {
 		if err := w.validateRule(t, r); err != nil {
 			return fmt.Errorf("rule %d: %w", i, err)

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -209,6 +211,14 @@ func (n *Netlink) queue(fam nftables.TableFamily, op Op) error {
 		n.conn.DelSet(&nftables.Set{Table: t, Name: op.SetName})
 	case OpSetChain:
 		return n.setChain(t, op.Chain)
+	case OpAppendRules:
+		if op.Chain == nil || op.Chain.Name == "" {
+			return syscall.EINVAL
+		}
+		ch := &nftables.Chain{Table: t, Name: op.Chain.Name}
+		for _, r := range op.Chain.Rules {
+			n.conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r.Exprs, UserData: ruleUserData(r.Comment)})
+		}
 	case OpDeleteChain:
 		n.conn.DelChain(&nftables.Chain{Table: t, Name: op.Name})
 	case OpAddElements, OpDeleteElements:
@@ -246,46 +256,60 @@ func (n *Netlink) setChain(t *nftables.Table, c *Chain) error {
 	return nil
 }
 
-// elements queues element messages, each under maxElementBytes encoded.
+// elements queues element messages, each under maxElementBytes encoded. The
+// library encodes a list when it is queued, so one conversion buffer serves every
+// message of the operation.
 func (n *Netlink) elements(t *nftables.Table, op Op) error {
-	s := &nftables.Set{Table: t, Name: op.SetName}
-	for _, chunk := range chunkElements(op.Elements, op.Kind == OpDeleteElements) {
-		var err error
-		if op.Kind == OpDeleteElements {
-			err = n.conn.SetDeleteElements(s, chunk)
-		} else {
-			err = n.conn.SetAddElements(s, chunk)
+	keysOnly := op.Kind == OpDeleteElements
+	if q := queuedMessages(n.conn); q != nil && !slices.ContainsFunc(op.Elements, func(e Element) bool { return e.Verdict != nil }) {
+		for elems := op.Elements; len(elems) > 0; {
+			k, size := 0, 0
+			for ; k < len(elems); k++ {
+				sz := encodedElementSize(nftables.SetElement{Key: elems[k].Key, Val: elems[k].Data})
+				if keysOnly {
+					sz = encodedElementSize(nftables.SetElement{Key: elems[k].Key})
+				}
+				if k > 0 && size+sz > maxElementBytes {
+					break
+				}
+				size += sz
+			}
+			*q = append(*q, elementMessage(t.Family, t.Name, op.SetName, elems[:k], keysOnly))
+			elems = elems[k:]
 		}
-		if err != nil {
-			return err
-		}
+		return nil
 	}
-	return nil
-}
-
-// chunkElements converts elements and splits them so that each list encodes to at
-// most maxElementBytes.
-func chunkElements(elems []Element, keysOnly bool) [][]nftables.SetElement {
-	var chunks [][]nftables.SetElement
-	var cur []nftables.SetElement
+	s := &nftables.Set{Table: t, Name: op.SetName}
+	queue := func(chunk []nftables.SetElement) error {
+		if keysOnly {
+			return n.conn.SetDeleteElements(s, chunk)
+		}
+		return n.conn.SetAddElements(s, chunk)
+	}
+	var buf []nftables.SetElement
 	size := 0
-	for _, e := range elems {
+	for _, e := range op.Elements {
 		se := nftables.SetElement{Key: e.Key}
 		if !keysOnly {
 			se.Val, se.VerdictData = e.Data, e.Verdict
 		}
 		sz := encodedElementSize(se)
-		if len(cur) > 0 && size+sz > maxElementBytes {
-			chunks = append(chunks, cur)
-			cur, size = nil, 0
+		if len(buf) > 0 && size+sz > maxElementBytes {
+			if err := queue(buf); err != nil {
+				return err
+			}
+			buf, size = buf[:0], 0
 		}
-		cur = append(cur, se)
+		if buf == nil {
+			buf = make([]nftables.SetElement, 0, min(len(op.Elements), maxElementBytes/sz+1))
+		}
+		buf = append(buf, se)
 		size += sz
 	}
-	if len(cur) > 0 {
-		chunks = append(chunks, cur)
+	if len(buf) > 0 {
+		return queue(buf)
 	}
-	return chunks
+	return nil
 }
 
 func align4(n int) int { return (n + 3) &^ 3 }
@@ -373,6 +397,28 @@ func (n *Netlink) ListElements(ctx context.Context, f *family.Family, table, set
 	if n.closed {
 		return nil, errClosed
 	}
+	// A dump walks the kernel's hash table, and a walk that overlaps the table's
+	// deferred resize (right after a big load) can return an element twice and miss
+	// another. Such a dump is read again.
+	for try := 1; ; try++ {
+		out, err := n.listElements(f, table, set)
+		if err != nil || try == 5 || !hasDuplicateKeys(out) {
+			return slices.CompactFunc(out, func(a, b Element) bool { return bytes.Equal(a.Key, b.Key) }), err
+		}
+		time.Sleep(time.Duration(try) * 10 * time.Millisecond)
+	}
+}
+
+func hasDuplicateKeys(sorted []Element) bool {
+	for i := 1; i < len(sorted); i++ {
+		if bytes.Equal(sorted[i-1].Key, sorted[i].Key) {
+			return true
+		}
+	}
+	return false
+}
+
+func (n *Netlink) listElements(f *family.Family, table, set string) ([]Element, error) {
 	t := &nftables.Table{Name: table, Family: nftables.TableFamily(f.NFProto)}
 	s, err := n.conn.GetSetByName(t, set)
 	if err != nil {

@@ -84,6 +84,10 @@ const (
 	OpDeleteElements
 	// OpFlushSet removes every element of a set.
 	OpFlushSet
+	// OpAppendRules adds Chain.Rules at the end of the existing chain Chain.Name,
+	// keeping its rules: unlike OpSetChain, the kernel checks only the new rules'
+	// bindings, so adding one rule costs the same however big the table's sets are.
+	OpAppendRules
 )
 
 // Op is one operation of a transaction.
@@ -92,7 +96,7 @@ type Op struct {
 	Table    string
 	Set      *Set      // OpAddSet
 	SetName  string    // OpDeleteSet, OpAddElements, OpDeleteElements, OpFlushSet
-	Chain    *Chain    // OpSetChain
+	Chain    *Chain    // OpSetChain, OpAppendRules
 	Name     string    // OpDeleteChain
 	Elements []Element // OpAddElements, OpDeleteElements (Data ignored)
 }

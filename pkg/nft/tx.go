@@ -42,6 +42,14 @@ func (tx *Tx) SetChain(table string, c *Chain) {
 	tx.Ops = append(tx.Ops, Op{Kind: OpSetChain, Table: table, Chain: c})
 }
 
+// AppendRules queues the addition of rules at the end of the existing chain.
+func (tx *Tx) AppendRules(table, chain string, rules []Rule) {
+	if len(rules) == 0 {
+		return
+	}
+	tx.Ops = append(tx.Ops, Op{Kind: OpAppendRules, Table: table, Chain: &Chain{Name: chain, Rules: rules}})
+}
+
 // DeleteChain queues the deletion of a chain (and its rules) that no rule or verdict
 // map element references.
 func (tx *Tx) DeleteChain(table, chain string) {
@@ -104,7 +112,7 @@ func (tx *Tx) String() string {
 		}
 	}
 	for _, op := range tx.Ops {
-		if (op.Kind == OpAddSet && op.Set == nil) || (op.Kind == OpSetChain && op.Chain == nil) {
+		if (op.Kind == OpAddSet && op.Set == nil) || ((op.Kind == OpSetChain || op.Kind == OpAppendRules) && op.Chain == nil) {
 			fmt.Fprintf(&b, "# invalid %s without object in table %s\n", op.Kind, op.Table)
 			continue
 		}
@@ -126,6 +134,10 @@ func writeOp(b *strings.Builder, fam string, op Op, set *Set) {
 	case OpSetChain:
 		fmt.Fprintf(b, "add chain %s %s %s\n", fam, op.Table, chainHeader(op.Chain))
 		fmt.Fprintf(b, "flush chain %s %s %s\n", fam, op.Table, op.Chain.Name)
+		for _, r := range op.Chain.Rules {
+			fmt.Fprintf(b, "add rule %s %s %s %s\n", fam, op.Table, op.Chain.Name, FormatRule(r))
+		}
+	case OpAppendRules:
 		for _, r := range op.Chain.Rules {
 			fmt.Fprintf(b, "add rule %s %s %s %s\n", fam, op.Table, op.Chain.Name, FormatRule(r))
 		}
@@ -166,6 +178,8 @@ func (k OpKind) String() string {
 		return "delete elements"
 	case OpFlushSet:
 		return "flush set"
+	case OpAppendRules:
+		return "append rules"
 	}
 	return fmt.Sprintf("op(%d)", int(k))
 }
@@ -180,7 +194,7 @@ func (op Op) object() string {
 			return "set <nil> in table " + op.Table
 		}
 		return "set " + op.Table + "/" + op.Set.Name
-	case OpSetChain:
+	case OpSetChain, OpAppendRules:
 		if op.Chain == nil {
 			return "chain <nil> in table " + op.Table
 		}

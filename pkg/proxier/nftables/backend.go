@@ -78,8 +78,8 @@ func (b *Backend) Table() string { return b.table }
 // RebuildEvery-th full sync and a full sync that finds the table or a base chain
 // gone rebuild the table under its other name and swap it in, without removing the
 // working rules first. Otherwise a sync is one transaction of element operations for
-// req.Changed (all ports when req.NodeChanged), plus chain rewrites when a new
-// endpoint count first appears. A full sync also reads back the chains and every set
+// req.Changed (all ports when req.NodeChanged), plus the rules of an endpoint count
+// that first appears (appended to their chains; see doc.go). A full sync also reads back the chains and every set
 // except the endpoint and affinity maps, repairs differences (counted in
 // SyncResult.Repairs) and garbage-collects unused dispatch sets.
 //

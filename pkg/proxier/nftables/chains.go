@@ -26,8 +26,10 @@ const (
 	chainNATPostrouting          = "nat-postrouting"
 
 	chainServices          = "services"
+	chainClusterIP         = "clusterip"
 	chainClusterIPLB       = "clusterip-lb"
 	chainExternalLB        = "external-lb"
+	chainNodePortLB        = "nodeport-lb"
 	chainShortPod          = "short-circuit-pod"
 	chainShortNode         = "short-circuit-node"
 	chainMasquerading      = "masquerading"
@@ -91,50 +93,74 @@ func (x exprs) baseChainList() []*nft.Chain {
 // chainInputs is everything the regular chains depend on.
 type chainInputs struct {
 	node   *proxier.NodeConfig
-	groups []group // sorted
+	groups []group // in rule order
 	fwBits []int   // sorted
 }
 
 // regularChains returns the regular chains for in, in dependency order (a chain
 // comes after the chains it jumps to). It is a pure function.
+//
+// A new connection walks them in the NAT prerouting/output hook, service or not,
+// so they are laid out for few expressions per packet: only packets to a ClusterIP
+// enter clusterip (masquerade decision) and clusterip-lb (one rule per endpoint
+// count); the NodePort rules sit in nodeport-lb behind one NodePort-address test;
+// the services chain jumps only to chains that have rules.
 func (x exprs) regularChains(in chainInputs) []*nft.Chain {
 	byChain := map[string][]nft.Rule{}
+	matchAll := in.node.NodePortAddresses.MatchAll
 	for _, g := range in.groups {
 		for _, u := range kinds[g.kind].uses {
-			byChain[u.chain] = append(byChain[u.chain], x.groupRules(g, u.masq, in.node.NodePortAddresses.MatchAll)...)
+			byChain[u.chain] = append(byChain[u.chain], x.groupRules(g, u.masq, u.chain != chainNodePortLB, matchAll)...)
 		}
+	}
+	ext := byChain[chainExternalLB]
+	if len(byChain[chainNodePortLB]) > 0 {
+		ext = append(ext, nft.Rule{Exprs: append(nodePortMatch(x, matchAll), jump(chainNodePortLB)), Comment: "nodeports"})
 	}
 	return []*nft.Chain{
 		{Name: chainClusterIPLB, Rules: byChain[chainClusterIPLB]},
-		{Name: chainExternalLB, Rules: byChain[chainExternalLB]},
+		{Name: chainNodePortLB, Rules: byChain[chainNodePortLB]},
+		{Name: chainExternalLB, Rules: ext},
 		{Name: chainShortPod, Rules: byChain[chainShortPod]},
 		{Name: chainShortNode, Rules: byChain[chainShortNode]},
-		{Name: chainServices, Rules: x.servicesRules(in.node)},
+		{Name: chainClusterIP, Rules: x.clusterIPRules(in.node)},
+		{Name: chainServices, Rules: x.servicesRules(in.node, len(byChain[chainShortPod]) > 0, len(byChain[chainShortNode]) > 0, len(ext) > 0)},
 		{Name: chainMasquerading, Rules: x.masqueradingRules()},
 		{Name: chainSvcEndpointsCheck, Rules: x.serviceEndpointsCheck()},
-		{Name: chainNPEndpointsCheck, Rules: x.nodePortEndpointsCheck(in.node.NodePortAddresses.MatchAll)},
+		{Name: chainNPEndpointsCheck, Rules: x.nodePortEndpointsCheck(matchAll)},
 		{Name: chainClusterIPsCheck, Rules: x.clusterIPsCheck(in.node)},
 		{Name: chainFirewallCheck, Rules: x.firewallCheck(in.fwBits)},
 	}
 }
 
-// servicesRules is the NAT dispatch: ClusterIP masquerade decision, ClusterIPs, the
-// ETP Local short-circuit for local pods and the node, then external destinations.
-func (x exprs) servicesRules(node *proxier.NodeConfig) []nft.Rule {
+// clusterIPRules are what a packet to a ClusterIP goes through: the masquerade
+// decision, then the per-count rules.
+func (x exprs) clusterIPRules(node *proxier.NodeConfig) []nft.Rule {
 	var out []nft.Rule
-	cips := []expr.Any{x.daddr(r8), lookup(fixedSetNames[setClusterIPs], r8)}
 	if node.MasqueradeAll {
-		out = append(out, nft.Rule{Exprs: append(cips, setMasqMark(r8)...), Comment: "masquerade all clusterIP traffic"})
+		out = append(out, nft.Rule{Exprs: setMasqMark(r8), Comment: "masquerade all clusterIP traffic"})
 	} else if m, ok := nonLocalMatch(x, node.Local); ok {
-		out = append(out, nft.Rule{Exprs: append(append(m, cips...), setMasqMark(r8)...), Comment: "masquerade clusterIP traffic from outside the cluster"})
+		out = append(out, nft.Rule{Exprs: append(m, setMasqMark(r8)...), Comment: "masquerade clusterIP traffic from outside the cluster"})
 	}
-	out = append(out, nft.Rule{Exprs: []expr.Any{jump(chainClusterIPLB)}})
-	for _, m := range localMatch(x, node.Local) {
-		out = append(out, nft.Rule{Exprs: append(m, jump(chainShortPod)), Comment: "short-circuit pod traffic to ETP Local"})
+	return append(out, nft.Rule{Exprs: []expr.Any{jump(chainClusterIPLB)}})
+}
+
+// servicesRules is the NAT dispatch: ClusterIPs, the ETP Local short-circuit for
+// local pods and the node, then external destinations. Chains without rules are
+// not jumped to.
+func (x exprs) servicesRules(node *proxier.NodeConfig, shortPod, shortNode, external bool) []nft.Rule {
+	out := []nft.Rule{{Exprs: []expr.Any{x.daddr(r8), lookup(fixedSetNames[setClusterIPs], r8), jump(chainClusterIP)}, Comment: "clusterIP traffic"}}
+	if shortPod {
+		for _, m := range localMatch(x, node.Local) {
+			out = append(out, nft.Rule{Exprs: append(m, jump(chainShortPod)), Comment: "short-circuit pod traffic to ETP Local"})
+		}
 	}
-	out = append(out,
-		nft.Rule{Exprs: append(fibSaddrLocal(), jump(chainShortNode)), Comment: "short-circuit node traffic to ETP Local"},
-		nft.Rule{Exprs: []expr.Any{jump(chainExternalLB)}})
+	if shortNode {
+		out = append(out, nft.Rule{Exprs: append(fibSaddrLocal(), jump(chainShortNode)), Comment: "short-circuit node traffic to ETP Local"})
+	}
+	if external {
+		out = append(out, nft.Rule{Exprs: []expr.Any{jump(chainExternalLB)}})
+	}
 	return out
 }
 
@@ -144,15 +170,16 @@ func (x exprs) servicesRules(node *proxier.NodeConfig) []nft.Rule {
 //
 // and with ClientIP affinity two rules: reuse a still-usable @affinity entry, else
 // pick an endpoint and record it. The NodePort kinds use the l4proto . dport key,
-// @nodeport-endpoints and @nodeport-affinity.
+// @nodeport-endpoints and @nodeport-affinity, and start with the NodePort-address
+// test when npCheck (in nodeport-lb a rule before the jump made it).
 //
 // Every lookup key is made of registers loaded from the packet (or numgen, or meta
 // mark): nft before 1.1 asserts when it lists a rule whose lookup key or dynset data
 // holds another lookup's result, so no rule chains one map into another.
-func (x exprs) groupRules(g group, masq, npMatchAll bool) []nft.Rule {
+func (x exprs) groupRules(g group, masq, npCheck, npMatchAll bool) []nft.Rule {
 	ki := kinds[g.kind]
 	var pre []expr.Any
-	if ki.nodePort {
+	if ki.nodePort && npCheck {
 		pre = nodePortMatch(x, npMatchAll)
 	}
 	set := g.name()

@@ -4,7 +4,14 @@ package nftables
 // 16-byte addresses). Rules are google/nftables expressions; this is their nft-like
 // reading. N is an endpoint count in use, T an affinity timeout in use, L a
 // loadBalancerSourceRanges prefix length in use: their sets and rules appear when
-// first needed and go at a full sync once unused.
+// first needed and go at a full sync once unused. A sync that creates the set of
+// a count N also creates the (empty) spares N-1 and N+1 when binding their rules
+// is cheap (a rebuild, or endpoint maps under 20k elements), and a full sync
+// keeps a spare while its neighbour is in use: a new rule that looks up
+// @endpoints makes the kernel walk every element of it (~90 ms at 300k), so an
+// endpoint count that changes by one is only element operations. The rules of a
+// new count are appended to their chain (nft.OpAppendRules), not the chain
+// rewritten; a rebuild orders each kind's used counts first, spares last.
 //
 //	table ip dsproxy {            # or dsproxy-b: a rebuild swaps names
 //	  map endpoints          { type ipv4_addr . inet_proto . inet_service . mark : ipv4_addr . inet_service }  # frontend . index → ep
@@ -32,12 +39,15 @@ package nftables
 //	  chain nat-output      { type nat hook output priority dstnat; jump services }
 //	  chain nat-postrouting { type nat hook postrouting priority srcnat; jump masquerading }
 //
-//	  chain services {
-//	    <not from local pods> ip daddr @cluster-ips meta mark set mark | 0x4000   # MasqueradeAll: unconditional
-//	    jump clusterip-lb
+//	  chain services {      # jumps only to chains that have rules
+//	    ip daddr @cluster-ips jump clusterip
 //	    <from local pods> jump short-circuit-pod          # one rule per local CIDR / the interface
 //	    fib saddr type local jump short-circuit-node
 //	    jump external-lb
+//	  }
+//	  chain clusterip {
+//	    <not from local pods> meta mark set mark | 0x4000   # MasqueradeAll: unconditional
+//	    jump clusterip-lb
 //	  }
 //	  chain clusterip-lb {   # per N:
 //	    ip daddr . meta l4proto . th dport @svc-N dnat to ip daddr . meta l4proto . th dport . numgen random mod N map @endpoints
@@ -45,10 +55,13 @@ package nftables
 //	  chain external-lb {    # per N:
 //	    ip daddr . meta l4proto . th dport @ext-N meta mark set mark | 0x4000 dnat to ip daddr . meta l4proto . th dport . numgen random mod N map @endpoints
 //	    ip daddr . meta l4proto . th dport @ext-local-N dnat to ... numgen random mod N map @endpoints
-//	    <nodeport addr> meta l4proto . th dport @np-N meta mark set mark | 0x4000 dnat to meta l4proto . th dport . numgen random mod N map @nodeport-endpoints
-//	    <nodeport addr> meta l4proto . th dport @np-local-N dnat ...
+//	    <nodeport addr> jump nodeport-lb
 //	  }
-//	  chain short-circuit-pod  { @ext-short-N and @np-short-N rules, no mark, "numgen random mod N offset 0x80000000" }   # ETP Local → cluster endpoints
+//	  chain nodeport-lb {    # per N:
+//	    meta l4proto . th dport @np-N meta mark set mark | 0x4000 dnat to meta l4proto . th dport . numgen random mod N map @nodeport-endpoints
+//	    meta l4proto . th dport @np-local-N dnat ...
+//	  }
+//	  chain short-circuit-pod  { @ext-short-N and <nodeport addr> @np-short-N rules, no mark, "numgen random mod N offset 0x80000000" }   # ETP Local → cluster endpoints
 //	  chain short-circuit-node { the same rules, marking for masquerade }
 //	  # with affinity T, each rule is two. Hit: the index of saddr . key in @affinity
 //	  # (passed through the packet mark, which is restored in the same rule) completes

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"slices"
 
@@ -42,10 +43,6 @@ func npKeyBytes(proto uint8, port uint16) string {
 	return string(nft.Concat(nft.ProtoBytes(proto), nft.PortBytes(port)))
 }
 
-func epBytes(ap netip.AddrPort) string {
-	return string(nft.Concat(nft.AddrBytes(ap.Addr()), nft.PortBytes(ap.Port())))
-}
-
 // Endpoint lists of a port, indexing portRecord.slots.
 const (
 	listCluster = 0
@@ -67,15 +64,19 @@ type portBuilder struct {
 	out   []contrib
 	rec   *portRecord
 	used  [2]bool
+	// data holds the @endpoints data (epaddr . epport) of each list's slots,
+	// shared by every frontend that uses the list.
+	data [2][]string
 }
 
 func (b *portBuilder) add(set setKey, key, data string) {
 	b.out = append(b.out, contrib{set: set, key: key, data: data})
 }
 
-// list returns the Local (or Cluster) endpoint list in slot order, assigning the
-// slots on first use: every frontend that uses a list shares its slots.
-func (b *portBuilder) list(local bool) []netip.AddrPort {
+// list returns the Local (or Cluster) endpoint list in slot order and its
+// elements' data, assigning the slots on first use: every frontend that uses a
+// list shares its slots.
+func (b *portBuilder) list(local bool) ([]netip.AddrPort, []string) {
 	l := listOf(local)
 	if !b.used[l] {
 		eps := b.ps.Cluster
@@ -84,8 +85,44 @@ func (b *portBuilder) list(local bool) []netip.AddrPort {
 		}
 		b.used[l] = true
 		b.rec.slots[l] = assignSlots(b.rec.slots[l], eps)
+		b.data[l] = epData(b.rec.slots[l])
 	}
-	return b.rec.slots[l]
+	return b.rec.slots[l], b.data[l]
+}
+
+// epData encodes the endpoints as @endpoints data, all in one string.
+func epData(eps []netip.AddrPort) []string {
+	if len(eps) == 0 {
+		return nil
+	}
+	n := len(eps[0].Addr().Unmap().AsSlice()) + 4
+	buf := make([]byte, 0, n*len(eps))
+	for _, ap := range eps {
+		buf = appendAddr(buf, ap.Addr())
+		buf = append(buf, byte(ap.Port()>>8), byte(ap.Port()), 0, 0)
+	}
+	return splitString(string(buf), n, len(eps))
+}
+
+// appendAddr appends a's nft.AddrBytes.
+func appendAddr(buf []byte, a netip.Addr) []byte {
+	a = a.Unmap()
+	if a.Is4() {
+		b := a.As4()
+		return append(buf, b[:]...)
+	}
+	b := a.As16()
+	return append(buf, b[:]...)
+}
+
+// splitString cuts s into n strings of size bytes each (they share s's memory: one
+// allocation instead of n).
+func splitString(s string, size, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = s[i*size : (i+1)*size]
+	}
+	return out
 }
 
 // frontend puts key (a vip key, or an np key for the NodePort kinds) into the
@@ -93,14 +130,24 @@ func (b *portBuilder) list(local bool) []netip.AddrPort {
 // key . (offset + i) → endpoint i of the Local (or Cluster) list.
 func (b *portBuilder) frontend(k kind, key string, local bool) {
 	ki := kinds[k]
-	eps := b.list(local)
+	eps, data := b.list(local)
 	b.add(groupKey(group{kind: k, n: uint32(len(eps)), timeout: b.aff}), key, "")
 	set := fixedKey(setEndpoints)
 	if ki.nodePort {
 		set = fixedKey(setNodePortEndpoints)
 	}
-	for i, ap := range eps {
-		b.add(set, key+string(nft.IndexBytes(ki.offset()+uint32(i))), epBytes(ap))
+	if len(eps) == 0 {
+		return
+	}
+	size := len(key) + 4
+	buf := make([]byte, 0, size*len(eps))
+	for i := range eps {
+		buf = append(buf, key...)
+		buf = binary.NativeEndian.AppendUint32(buf, ki.offset()+uint32(i)) // nft.IndexBytes
+	}
+	keys := splitString(string(buf), size, len(eps))
+	for i := range eps {
+		b.add(set, keys[i], data[i])
 	}
 }
 
@@ -108,6 +155,7 @@ func (b *portBuilder) frontend(k kind, key string, local bool) {
 // a protocol the kernel rules can't match contributes nothing.
 func (c *cache) portContribs(ps *model.PortState, rec *portRecord) []contrib {
 	b := &portBuilder{ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds, rec: rec}
+	b.out = make([]contrib, 0, contribsHint(ps))
 	if b.proto == 0 || !c.x.f.Contains(ps.ClusterIP) {
 		rec.slots = [2][]netip.AddrPort{}
 		return nil
@@ -125,6 +173,26 @@ func (c *cache) portContribs(ps *model.PortState, rec *portRecord) []contrib {
 		}
 	}
 	return b.out
+}
+
+// contribsHint estimates how many contributions ps makes (exact for the common
+// shapes: a ClusterIP, optionally a NodePort and external addresses, ETP Cluster,
+// and the local endpoints' @hairpin elements).
+func contribsHint(ps *model.PortState) int {
+	fronts := 1
+	if ps.ExternallyAccessible() {
+		fronts += len(ps.ExternalIPs) + len(ps.LoadBalancerVIPs)
+		if ps.NodePort != 0 {
+			fronts++
+		}
+	}
+	n := 1 + fronts*(1+len(ps.Cluster))
+	for i := range ps.Cluster {
+		if ps.Cluster[i].Local {
+			n++ // @hairpin
+		}
+	}
+	return n
 }
 
 func (b *portBuilder) clusterIP() {
@@ -238,6 +306,16 @@ func (b *portBuilder) hairpin() {
 // last ones move into the remaining holes. A one-endpoint change thus rewrites at
 // most two @endpoints elements.
 func assignSlots(old []netip.AddrPort, eps []model.Endpoint) []netip.AddrPort {
+	if len(old) == 0 && len(eps) <= 32 {
+		// First assignment (a cold start): eps in order, without duplicates.
+		slots := make([]netip.AddrPort, 0, len(eps))
+		for i := range eps {
+			if ap := eps[i].AddrPort(); !slices.Contains(slots, ap) {
+				slots = append(slots, ap)
+			}
+		}
+		return slots
+	}
 	want := make(map[netip.AddrPort]bool, len(eps))
 	for i := range eps {
 		want[eps[i].AddrPort()] = true

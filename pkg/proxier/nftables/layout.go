@@ -117,8 +117,8 @@ var kinds = [numKinds]kindInfo{
 	kindExt:      {prefix: "ext", uses: []chainUse{{chainExternalLB, true}}},
 	kindExtLocal: {prefix: "ext-local", uses: []chainUse{{chainExternalLB, false}}},
 	kindExtShort: {prefix: "ext-short", short: true, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
-	kindNP:       {prefix: "np", nodePort: true, uses: []chainUse{{chainExternalLB, true}}},
-	kindNPLocal:  {prefix: "np-local", nodePort: true, uses: []chainUse{{chainExternalLB, false}}},
+	kindNP:       {prefix: "np", nodePort: true, uses: []chainUse{{chainNodePortLB, true}}},
+	kindNPLocal:  {prefix: "np-local", nodePort: true, uses: []chainUse{{chainNodePortLB, false}}},
 	kindNPShort:  {prefix: "np-short", nodePort: true, short: true, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
 }
 

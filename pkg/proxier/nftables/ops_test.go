@@ -167,6 +167,53 @@ func TestNewCountAddsRules(t *testing.T) {
 	e.check(to(fromPod(5), cip(e.f, 10, 80), tcp)(e.f), dnatTo(false, pod(e.f, 1, 8080), pod(e.f, 2, 8080), pod(e.f, 3, 8080)))
 }
 
+// TestNewCountAppends: a new endpoint count appends its rules (no chain rewrite),
+// with spares only while the endpoint map is small; a count next to a used one
+// is already there (a spare) and costs only element operations.
+func TestNewCountAppends(t *testing.T) {
+	for _, big := range []bool{false, true} {
+		n := 10
+		if big {
+			n = spareMaxElements/10 + 10
+		}
+		fake := nft.NewFake()
+		e, rec := bigEnv(t, family.IPv4, n, fake)
+		e.fake = fake
+		e.sync(true)
+		name := e.name(5)
+		sp := e.state.Ports[name].ServicePort
+		eps := e.eps[name]
+
+		e.put(sp, eps[:9]...) // 10 -> 9: a spare
+		e.sync(false, name)
+		if other := nonElementOps(rec.last); len(other) > 0 {
+			t.Errorf("big=%v: to a spare count: non-element operations %v", big, other)
+		}
+		e.put(sp, eps[:5]...) // 9 -> 5: new
+		e.sync(false, name)
+		var kinds []string
+		for _, op := range rec.last.Ops {
+			if op.Kind == nft.OpSetChain {
+				t.Errorf("big=%v: chain %s rewritten:\n%s", big, op.Chain.Name, rec.last)
+			}
+			if op.Kind == nft.OpAddSet {
+				kinds = append(kinds, op.Set.Name)
+			}
+		}
+		want := []string{"np-4", "np-5", "np-6", "svc-4", "svc-5", "svc-6"}
+		if big {
+			want = []string{"np-5", "svc-5"}
+		}
+		if !slices.Equal(kinds, want) {
+			t.Errorf("big=%v: new sets %v, want %v", big, kinds, want)
+		}
+		e.check(to(fromPod(1), ap(sp.ClusterIP, 80), tcp)(e.f), dnatTo(false, addrPorts(eps[:5])...))
+		if res := e.sync(true); res.Repairs != 0 {
+			t.Errorf("big=%v: full sync found %d repairs", big, res.Repairs)
+		}
+	}
+}
+
 // TestFailureRecovery: after a failed transaction the next sync rebuilds.
 func TestFailureRecovery(t *testing.T) {
 	for _, f := range family.All {

@@ -29,15 +29,7 @@ func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs
 	}
 	target := otherTable(live)
 	c := newCache(b.x)
-	c.setNode(req.Node)
-	names := make([]model.ServicePortName, 0, len(req.State.Ports))
-	for n := range req.State.Ports {
-		names = append(names, n)
-	}
-	slices.SortFunc(names, model.ServicePortName.Compare)
-	for _, n := range names {
-		c.setPort(n, req.State.Ports[n])
-	}
+	c.fill(req)
 	p := c.drain(target, true)
 	p.chains = c.chainOps(target)
 	txs := b.coldTxs(c, target, p)
@@ -48,6 +40,56 @@ func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs
 	}
 	b.c, b.table, b.dirty = c, target, false
 	return res, nil
+}
+
+// fill loads req into a new cache: the node config, then every port in name order
+// (so owner ids and the element order are deterministic). It computes every port's
+// contributions first and sizes each set's map and pending list from their counts,
+// so the maps never grow and rehash.
+func (c *cache) fill(req *proxier.SyncRequest) {
+	c.fresh = true
+	c.setNode(req.Node)
+	names := make([]model.ServicePortName, 0, len(req.State.Ports))
+	for n := range req.State.Ports {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, model.ServicePortName.Compare)
+	c.ports = make(map[model.ServicePortName]*portRecord, len(names))
+	recs := make([]portRecord, len(names))
+	counts := map[setKey]int{}
+	var last setKey
+	run := 0
+	for i, n := range names {
+		rec := &recs[i]
+		rec.id = c.nextID
+		c.nextID++
+		c.ports[n] = rec
+		rec.contribs = c.portContribs(req.State.Ports[n], rec)
+		for j := range rec.contribs {
+			if k := rec.contribs[j].set; k != last || run == 0 {
+				if run > 0 {
+					counts[last] += run
+				}
+				last, run = k, 0
+			}
+			run++
+		}
+	}
+	if run > 0 {
+		counts[last] += run
+	}
+	for k, n := range counts {
+		s := c.set(k)
+		if len(s.elems) == 0 {
+			s.elems = make(map[string]element, n)
+		}
+		s.pending = slices.Grow(s.pending, n)
+	}
+	for i := range recs {
+		for _, ct := range recs[i].contribs {
+			c.addOwner(recs[i].id, ct)
+		}
+	}
 }
 
 // coldTxs splits a fresh table's plan into transactions: the first creates the
