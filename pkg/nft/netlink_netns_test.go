@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
-	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -18,44 +16,14 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsproxy/dsproxy/internal/netnstest"
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
-// newNetNS creates a fresh network namespace and returns a handle to it, without
-// leaving any thread in it: the creating thread returns to the original namespace
-// before it is unlocked. The namespace goes away with the handle at test cleanup.
-func newNetNS(t *testing.T) netns.NsHandle {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New() // also switches this thread into it
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		// Never unlock a thread stuck in the wrong namespace: it dies with the goroutine.
-		ns.Close()
-		t.Fatalf("cannot return to the original netns: %v", err)
-	}
-	runtime.UnlockOSThread()
-	t.Cleanup(func() { ns.Close() })
-	return ns
-}
-
 func newTestNetlink(t *testing.T) *Netlink {
-	ns := newNetNS(t)
+	ns := netnstest.New(t)
 	nl, err := NewNetlink(WithNetNSFd(int(ns)))
 	if err != nil {
 		t.Fatal(err)

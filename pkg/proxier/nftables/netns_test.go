@@ -4,13 +4,10 @@ package nftables
 
 import (
 	"context"
-	"os"
-	"runtime"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
+	"github.com/dsproxy/dsproxy/internal/netnstest"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 )
@@ -30,28 +27,7 @@ func (k *timedKernel) Apply(ctx context.Context, tx *nft.Tx) error {
 
 func newNetlinkInNetNS(t *testing.T) *nft.Netlink {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		ns.Close()
-		t.Fatalf("cannot return to the original netns: %v", err)
-	}
-	runtime.UnlockOSThread()
-	t.Cleanup(func() { ns.Close() })
-	nl, err := nft.NewNetlink(nft.WithNetNSFd(int(ns)))
+	nl, err := nft.NewNetlink(nft.WithNetNSFd(int(netnstest.New(t))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netns"
 
+	"github.com/dsproxy/dsproxy/internal/netnstest"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 )
@@ -35,24 +35,7 @@ func newNFTNetNS(t *testing.T) *nftNetNS {
 			t.Skipf("needs %s: %v", bin, err)
 		}
 	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		ns.Close()
-		t.Fatalf("cannot return to the original netns: %v", err)
-	}
-	runtime.UnlockOSThread()
-	t.Cleanup(func() { ns.Close() })
+	ns := netnstest.New(t)
 	nl, err := nft.NewNetlink(nft.WithNetNSFd(int(ns)))
 	if err != nil {
 		t.Fatal(err)
