@@ -4,7 +4,7 @@ STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 PKGS      := ./...
 BIN       := bin
 
-.PHONY: all build test test-unit test-netns test-e2e fuzz-smoke bench bench-kernel bench-smoke lint deps demo clean
+.PHONY: all build test test-unit test-netns test-e2e fuzz-smoke bench bench-kernel bench-e2e bench-smoke lint deps demo clean
 
 all: build
 
@@ -46,6 +46,13 @@ bench-smoke:
 # transactions, first-packet latency, at 1k/10k/30k dual-stack Services.
 bench-kernel:
 	DSPROXY_BENCH_SIZES=$${DSPROXY_BENCH_SIZES:-1000,10000,30000} $(GO) test -tags netns -run TestKernelFigures -v -count=1 -timeout 30m ./bench/
+
+# Side by side with kube-proxy v1.36 (nftables and iptables modes) on the real
+# control plane: table, JSON and PNG in bench/e2e/out. SERVICES=1000,10000 for more.
+SERVICES ?= 1000
+bench-e2e:
+	hack/controlplane/build.sh
+	$(GO) test -tags e2e,netns -run TestBenchE2E -v -count=1 -timeout 120m ./bench/e2e/ -args -services=$(SERVICES)
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./bench/... ./pkg/...

@@ -1,0 +1,289 @@
+//go:build e2e && netns
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/dsproxy/dsproxy/bench"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/test/e2e/framework"
+)
+
+const (
+	managedBy    = "dsproxy-bench" // not kube-controller-manager's: it leaves the slices alone
+	endpoints    = 10              // per family and Service
+	realEvery    = 64              // every realEvery-th Service (and each size's last) has real endpoints
+	podPort      = 8080
+	svcPort      = 80
+	serverPods   = 10 // p0..p9, the real endpoints
+	sampleTarget = 16 // W1: Services checked besides the last one
+)
+
+// podAddrs returns server pod k's addresses: the harness gives the n-th pod
+// added 10.64.0.n / fd00:64::n, and each node adds "client" first, then p0..p9.
+func podAddrs(k int) [2]netip.Addr {
+	n := byte(k + 2)
+	return [2]netip.Addr{
+		netip.AddrFrom4([4]byte{10, 64, 0, n}),
+		netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x00, 2: 0x00, 3: 0x64, 15: n}),
+	}
+}
+
+var fams = []*family.Family{family.IPv4, family.IPv6}
+
+// load is the workload in the API server: Services svc-0 … svc-(have-1) in
+// namespace ns, plus the W2 "probe" Service.
+type load struct {
+	t      testing.TB
+	cp     *framework.ControlPlane
+	client kubernetes.Interface
+	ns     string
+	w      bench.Workload
+	sizes  map[int]bool // the last index of each size has real endpoints
+
+	prev, have int
+	// ips[i] are Service i's ClusterIPs (IPv4, IPv6) as allocated.
+	ips   [][2]netip.Addr
+	probe [2]netip.Addr
+	// probeAt[fi] is the server pod the probe's slice of family fi points at.
+	probeAt      [2]int
+	w3           int
+	baselineDone bool
+}
+
+func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int) (*load, error) {
+	maxN := sizes[len(sizes)-1]
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.QPS, cfg.Burst = 5000, 10000
+	// Protobuf costs the API server less CPU than JSON.
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	l := &load{
+		t: t, cp: cp, client: client,
+		ns: cp.Namespace(t, "bench"),
+		// NodePortEvery as in the kernel bench: every 4th, at most 2500 NodePorts.
+		w:     bench.Workload{EndpointsPerFamily: endpoints, NodePortEvery: max(4, (maxN+2499)/2500)},
+		sizes: map[int]bool{},
+	}
+	for _, n := range sizes {
+		l.sizes[n] = true
+	}
+	probe, err := l.createService(context.Background(), "probe", corev1.ServiceTypeClusterIP)
+	if err != nil {
+		return nil, err
+	}
+	l.probe = probe
+	for i, f := range fams {
+		if _, err := l.client.DiscoveryV1().EndpointSlices(l.ns).Create(context.Background(),
+			l.slice("probe", f, []netip.Addr{podAddrs(0)[i]}), metav1.CreateOptions{}); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// real reports whether Service i's endpoints are the server pods.
+func (l *load) real(i int) bool { return i%realEvery == 0 || l.sizes[i+1] }
+
+// createService creates a selector-less RequireDualStack Service (ClusterIPs
+// and NodePort allocated by the API server) and returns its ClusterIPs.
+func (l *load) createService(ctx context.Context, name string, typ corev1.ServiceType) ([2]netip.Addr, error) {
+	s := l.w.Service(0)
+	s.ObjectMeta = metav1.ObjectMeta{Name: name, Namespace: l.ns}
+	s.Spec.Type = typ
+	s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil
+	s.Spec.Ports[0].NodePort = 0
+	var got *corev1.Service
+	err := retry.OnError(retry.DefaultBackoff, func(error) bool { return true }, func() error {
+		var err error
+		got, err = l.client.CoreV1().Services(l.ns).Create(ctx, s, metav1.CreateOptions{})
+		return err
+	})
+	if err != nil {
+		return [2]netip.Addr{}, fmt.Errorf("service %s: %w", name, err)
+	}
+	var ips [2]netip.Addr
+	for _, c := range got.Spec.ClusterIPs {
+		a, err := netip.ParseAddr(c)
+		if err != nil {
+			return ips, fmt.Errorf("service %s: clusterIP %q: %w", name, c, err)
+		}
+		if a.Is4() {
+			ips[0] = a
+		} else {
+			ips[1] = a
+		}
+	}
+	if !ips[0].IsValid() || !ips[1].IsValid() {
+		return ips, fmt.Errorf("service %s: not dual-stack: %v", name, got.Spec.ClusterIPs)
+	}
+	return ips, nil
+}
+
+func sliceName(svc string, f *family.Family) string { return svc + "-" + strings.ToLower(f.Name) }
+
+// slice returns Service svc's EndpointSlice of family f with the given
+// endpoints, shaped as bench.Workload's.
+func (l *load) slice(svc string, f *family.Family, addrs []netip.Addr) *discoveryv1.EndpointSlice {
+	es := l.w.Slice(f, 0, len(addrs))
+	es.ObjectMeta = metav1.ObjectMeta{
+		Name: sliceName(svc, f), Namespace: l.ns,
+		Labels: map[string]string{
+			discoveryv1.LabelServiceName: svc,
+			discoveryv1.LabelManagedBy:   managedBy,
+		},
+	}
+	for j, a := range addrs {
+		es.Endpoints[j].Addresses = []string{a.String()}
+	}
+	return es
+}
+
+// workloadSlice is Service i's slice: bench.Workload's endpoints, or the
+// server pods for real Services.
+func (l *load) workloadSlice(i int, fi int) *discoveryv1.EndpointSlice {
+	f := fams[fi]
+	addrs := make([]netip.Addr, endpoints)
+	for j := range addrs {
+		if l.real(i) {
+			addrs[j] = podAddrs(j % serverPods)[fi]
+		} else {
+			addrs[j] = bench.EndpointIP(f, i, j)
+		}
+	}
+	return l.slice(fmt.Sprintf("svc-%d", i), f, addrs)
+}
+
+// grow creates Services have…n-1 and their slices with concurrent writers.
+func (l *load) grow(ctx context.Context, n int) error {
+	l.prev = l.have
+	l.ips = append(l.ips, make([][2]netip.Addr, n-l.have)...)
+	idx := make(chan int)
+	var (
+		wg       sync.WaitGroup
+		firstErr atomic.Pointer[error]
+	)
+	for range *flagWorkers {
+		wg.Go(func() {
+			for i := range idx {
+				if firstErr.Load() != nil {
+					continue
+				}
+				if err := l.createOne(ctx, i); err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+				}
+			}
+		})
+	}
+	for i := l.have; i < n; i++ {
+		idx <- i
+	}
+	close(idx)
+	wg.Wait()
+	if p := firstErr.Load(); p != nil {
+		return *p
+	}
+	l.have = n
+	return nil
+}
+
+func (l *load) createOne(ctx context.Context, i int) error {
+	typ := corev1.ServiceTypeClusterIP
+	if l.w.NodePortEvery > 0 && i%l.w.NodePortEvery == 0 {
+		typ = corev1.ServiceTypeNodePort
+	}
+	ips, err := l.createService(ctx, fmt.Sprintf("svc-%d", i), typ)
+	if err != nil {
+		return err
+	}
+	l.ips[i] = ips
+	for fi := range fams {
+		es := l.workloadSlice(i, fi)
+		err := retry.OnError(retry.DefaultBackoff, func(error) bool { return true }, func() error {
+			_, err := l.client.DiscoveryV1().EndpointSlices(l.ns).Create(ctx, es, metav1.CreateOptions{})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("slice %s: %w", es.Name, err)
+		}
+	}
+	return nil
+}
+
+// sample returns the W1 targets for size n: the last Service and up to
+// sampleTarget other real ones spread over 0…n-1.
+func (l *load) sample(n int) []int {
+	var real []int
+	for i := 0; i < n-1; i++ {
+		if l.real(i) {
+			real = append(real, i)
+		}
+	}
+	var out []int
+	step := max(1, len(real)/sampleTarget)
+	for k := 0; k < len(real) && len(out) < sampleTarget; k += step {
+		out = append(out, real[k])
+	}
+	return append(out, n-1)
+}
+
+// setProbe points the probe Service's slice of family fi at server pod k.
+func (l *load) setProbe(ctx context.Context, fi, k int) error {
+	es := l.slice("probe", fams[fi], []netip.Addr{podAddrs(k)[fi]})
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := l.client.DiscoveryV1().EndpointSlices(l.ns).Get(ctx, es.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Endpoints = es.Endpoints
+		_, err = l.client.DiscoveryV1().EndpointSlices(l.ns).Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+func (l *load) nextW3() int { l.w3++; return l.w3 }
+
+// createSlices creates Service svc's two slices, each with the ten server pods.
+func (l *load) createSlices(ctx context.Context, svc string) error {
+	for fi, f := range fams {
+		addrs := make([]netip.Addr, endpoints)
+		for j := range addrs {
+			addrs[j] = podAddrs(j % serverPods)[fi]
+		}
+		if _, err := l.client.DiscoveryV1().EndpointSlices(l.ns).Create(ctx, l.slice(svc, f, addrs), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("slice %s: %w", sliceName(svc, f), err)
+		}
+	}
+	return nil
+}
+
+// deleteService deletes Service svc, then its slices.
+func (l *load) deleteService(ctx context.Context, svc string) error {
+	if err := l.client.CoreV1().Services(l.ns).Delete(ctx, svc, metav1.DeleteOptions{}); err != nil {
+		return fmt.Errorf("delete service %s: %w", svc, err)
+	}
+	for _, f := range fams {
+		if err := l.client.DiscoveryV1().EndpointSlices(l.ns).Delete(ctx, sliceName(svc, f), metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("delete slice %s: %w", sliceName(svc, f), err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,194 @@
+//go:build e2e && netns
+
+// Package e2e measures dsproxy and kube-proxy v1.36 end to end on the same
+// workload, in the same run, on the same machine (issue 5).
+//
+// One real control plane (hack/controlplane: etcd, kube-apiserver,
+// kube-controller-manager) holds N dual-stack Services without selectors, each
+// with one hand-made EndpointSlice per family (bench.Workload). Each proxy then
+// runs alone as a process in a fresh node network namespace linked to the
+// control plane, and every figure is observed from outside the proxy: real TCP
+// connections from a client pod namespace through the node to ClusterIPs whose
+// endpoints are real servers in pod namespaces.
+//
+//	go test -tags e2e,netns -run TestBenchE2E -v -timeout 60m ./bench/e2e/ -args -services=1000
+//
+// See bench/README.md ("End to end") for the method and the figures.
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsproxy/dsproxy/test/e2e/framework"
+)
+
+var (
+	flagServices = flag.String("services", "1000", "comma-separated numbers of dual-stack Services (ascending; the load grows between sizes)")
+	flagProxies  = flag.String("proxies", "dsproxy,kube-proxy/nftables,kube-proxy/iptables", "comma-separated proxies to measure: dsproxy, kube-proxy/nftables, kube-proxy/iptables")
+	flagChanges  = flag.Int("changes", 50, "W2: endpoint changes (alternating IPv4 and IPv6)")
+	flagPairs    = flag.Int("pairs", 10, "W3: Service create+delete pairs")
+	flagConnects = flag.Int("connects", 500, "W4: measured TCP connects per target")
+	flagTimeout  = flag.Duration("workload-timeout", 3*time.Minute, "W1 cap (process start → programmed); beyond it the row says \"not finished after T\"")
+	flagChangeTO = flag.Duration("change-timeout", time.Minute, "W2/W3 cap of each single change")
+	flagGap      = flag.Duration("gap", 1100*time.Millisecond, "W2/W3: pause after each observed change (kube-proxy's minSyncPeriod is 1s)")
+	flagWorkers  = flag.Int("workers", 32, "load generator: concurrent API writers")
+	flagOut      = flag.String("out", "out", "directory for results.json, results.txt and results.png")
+	flagMerge    = flag.String("merge", "", "results.json of an earlier run: its rows for sizes not measured now are added to the table, JSON and plot (marked in the status)")
+	flagBin      = flag.String("dsproxy-bin", "", "prebuilt dsproxy binary (default: go build ./cmd/dsproxy)")
+)
+
+func TestMain(m *testing.M) { framework.Main(m) }
+
+// proxySpec is one proxy under test.
+type proxySpec struct {
+	Name string // dsproxy | kube-proxy
+	Mode string // nftables | iptables
+}
+
+func (p proxySpec) String() string { return p.Name + "/" + p.Mode }
+
+func parseProxies(s string) ([]proxySpec, error) {
+	var out []proxySpec
+	for _, f := range strings.Split(s, ",") {
+		switch strings.TrimSpace(f) {
+		case "dsproxy", "dsproxy/nftables":
+			out = append(out, proxySpec{"dsproxy", "nftables"})
+		case "kube-proxy/nftables":
+			out = append(out, proxySpec{"kube-proxy", "nftables"})
+		case "kube-proxy/iptables":
+			out = append(out, proxySpec{"kube-proxy", "iptables"})
+		case "":
+		default:
+			return nil, fmt.Errorf("unknown proxy %q", f)
+		}
+	}
+	return out, nil
+}
+
+func parseSizes(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bad size %q", f)
+		}
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+func TestBenchE2E(t *testing.T) {
+	sizes, err := parseSizes(*flagServices)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxies, err := parseProxies(*flagProxies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces)")
+	}
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bins := binaries{dsproxy: *flagBin}
+	built := make(chan error, 1)
+	if bins.dsproxy == "" {
+		bins.dsproxy = filepath.Join(t.TempDir(), "dsproxy")
+		go func() {
+			cmd := exec.Command("go", "build", "-o", bins.dsproxy, "./cmd/dsproxy")
+			cmd.Dir = root
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				err = fmt.Errorf("go build ./cmd/dsproxy: %v\n%s", err, out)
+			}
+			built <- err
+		}()
+	} else {
+		built <- nil
+	}
+
+	cp := framework.Start(t)
+	bins.kubeProxy = filepath.Join(cp.Bin, "kube-proxy")
+	if _, err := os.Stat(bins.kubeProxy); err != nil {
+		t.Fatalf("kube-proxy binary: %v (run hack/controlplane/build.sh)", err)
+	}
+	rep := newReport(sizes)
+	t.Logf("machine: %s; load average at start: %s", rep.Machine, loadavg())
+
+	ld, err := newLoad(t, cp, sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-built; err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, n := range sizes {
+		start := time.Now()
+		if err := ld.grow(ctx, n); err != nil {
+			t.Fatalf("load %d services: %v", n, err)
+		}
+		d := time.Since(start)
+		t.Logf("load: %d dual-stack Services + %d EndpointSlices in the API server (+%v, %.0f objects/s)",
+			n, 2*n, d.Round(time.Millisecond), float64(3*(n-ld.prev))/d.Seconds())
+		for _, p := range proxies {
+			t.Run(fmt.Sprintf("%d/%s", n, strings.ReplaceAll(p.String(), "/", "-")), func(t *testing.T) {
+				rows := runProxy(t, cp, ld, bins, p, n)
+				rep.add(rows...)
+				t.Logf("\n%s", rep.table(rows))
+			})
+		}
+	}
+	if *flagMerge != "" {
+		if err := rep.merge(*flagMerge); err != nil {
+			t.Error(err)
+		}
+	}
+	rep.finish()
+	t.Logf("load average at the end: %s", loadavg())
+	fmt.Print("\n" + rep.table(rep.Rows))
+	if err := rep.write(*flagOut); err != nil {
+		t.Error(err)
+	}
+}
+
+func repoRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("go.mod not found above %s", wd)
+		}
+	}
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}

@@ -1,0 +1,154 @@
+//go:build e2e && netns
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsproxy/dsproxy/test/netns"
+)
+
+// The kernel-observed side: real TCP connections from the client pod
+// namespace, through the node (where the proxy's rules are), to servers in pod
+// namespaces. Every connection uses a new source port, so it is a new
+// conntrack entry and walks the NAT rules; sockets are closed with RST (no
+// TIME_WAIT, so polling cannot run out of ports).
+
+// dialOnce connects to dst, reads the server's "<pod> <client>" line and
+// returns the pod name.
+func dialOnce(dst netip.AddrPort, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	d := net.Dialer{Deadline: deadline}
+	c, err := d.Dial("tcp", dst.String())
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		_ = c.(*net.TCPConn).SetLinger(0)
+		_ = c.Close()
+	}()
+	if err := c.SetDeadline(deadline); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return "", fmt.Errorf("empty reply from %v", dst)
+	}
+	return f[0], nil
+}
+
+// poll describes a wait for a change the client can observe.
+type poll struct {
+	dst      netip.AddrPort
+	timeout  time.Duration // per connection
+	interval time.Duration // pause between connections
+	// done decides from one connection's outcome whether the change is visible.
+	done func(server string, err error) bool
+	// confirm: the change counts only after this many consecutive
+	// connections saw it (1 when zero); the first one's start is returned.
+	confirm int
+}
+
+// run connects repeatedly from ns until done, and returns the start time of
+// the first connection that saw the change: the rules were in place before it
+// and not yet at the previous connection's start.
+func (p poll) run(ctx context.Context, ns *netns.NS) (time.Time, error) {
+	var at time.Time
+	err := netns.RunIn(ns, func() error {
+		streak := 0
+		for {
+			start := time.Now()
+			srv, err := dialOnce(p.dst, p.timeout)
+			if p.done(srv, err) {
+				if streak == 0 {
+					at = start
+				}
+				streak++
+				if streak >= max(1, p.confirm) {
+					return nil
+				}
+			} else {
+				streak = 0
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%v: %w", p.dst, context.Cause(ctx))
+			case <-time.After(p.interval):
+			}
+		}
+	})
+	return at, err
+}
+
+func answers(server string, err error) bool { return err == nil && server != "" }
+func fails(_ string, err error) bool        { return err != nil }
+func reaches(pod string) func(string, error) bool {
+	return func(server string, err error) bool { return err == nil && server == pod }
+}
+
+// connectTimes measures blocking connect() (SYN → SYN-ACK) to each target,
+// interleaved, warm connects first; it returns the measured durations per
+// target. Only the connect is timed.
+func connectTimes(ns *netns.NS, targets []netip.AddrPort, n, warm int) ([][]time.Duration, error) {
+	out := make([][]time.Duration, len(targets))
+	err := netns.RunIn(ns, func() error {
+		for round := range warm + n {
+			for ti, dst := range targets {
+				d, err := connectOnce(dst)
+				if err != nil {
+					return fmt.Errorf("connect %v: %w", dst, err)
+				}
+				if round >= warm {
+					out[ti] = append(out[ti], d)
+				}
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+func connectOnce(dst netip.AddrPort) (time.Duration, error) {
+	var (
+		af int
+		sa unix.Sockaddr
+	)
+	if a := dst.Addr().Unmap(); a.Is4() {
+		af, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(dst.Port()), Addr: a.As4()}
+	} else {
+		af, sa = unix.AF_INET6, &unix.SockaddrInet6{Port: int(dst.Port()), Addr: a.As16()}
+	}
+	fd, err := unix.Socket(af, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	// SO_SNDTIMEO bounds a blocking connect.
+	tv := unix.Timeval{Sec: 2}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
+		return 0, err
+	}
+	if err := unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0}); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	err = unix.Connect(fd, sa)
+	d := time.Since(start)
+	if errors.Is(err, unix.EINPROGRESS) {
+		err = unix.ETIMEDOUT
+	}
+	return d, err
+}

@@ -1,0 +1,525 @@
+//go:build e2e && netns
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dsproxy/dsproxy/test/e2e/framework"
+	"github.com/dsproxy/dsproxy/test/netns"
+)
+
+type binaries struct{ dsproxy, kubeProxy string }
+
+const clusterCIDRs = "10.64.0.0/16,fd00:64::/56"
+
+// serviceCIDRs (hack/controlplane) are unreachable in the node: before a
+// proxy programs a ClusterIP, a connection to it fails at once (ICMP
+// unreachable) instead of leaving the node.
+var serviceCIDRs = []string{"10.96.0.0/16", "fd00:96::/112"}
+
+// proc is one proxy process, started with `ip netns exec`, which execs: the
+// pid is the proxy's.
+type proc struct {
+	cmd    *exec.Cmd
+	log    string
+	done   chan struct{}
+	err    error
+	ctx    context.Context // cancelled when the process exits
+	cancel context.CancelCauseFunc
+}
+
+func startProxy(dir string, node *netns.NS, nodeName, kubeconfig string, bins binaries, spec proxySpec) (*proc, error) {
+	var args []string
+	switch spec.Name {
+	case "dsproxy":
+		args = []string{bins.dsproxy,
+			"--kubeconfig", kubeconfig,
+			"--hostname-override", nodeName,
+			"--cluster-cidr", clusterCIDRs,
+			"--metrics-bind-address", "127.0.0.1:10249",
+		}
+	case "kube-proxy":
+		cfg := filepath.Join(dir, "kube-proxy.yaml")
+		// conntrack sysctls are left alone (0): nf_conntrack_max is read-only
+		// outside the initial network namespace.
+		y := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %s
+hostnameOverride: %s
+mode: %s
+clusterCIDR: %s
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 127.0.0.1:10256
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+`, kubeconfig, nodeName, spec.Mode, clusterCIDRs)
+		if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
+			return nil, err
+		}
+		args = []string{bins.kubeProxy, "--config", cfg}
+	default:
+		return nil, fmt.Errorf("unknown proxy %v", spec)
+	}
+	logPath := filepath.Join(dir, spec.Name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", node.NetnsName}, args...)...)
+	cmd.Stdout, cmd.Stderr = f, f
+	// No Pdeathsig: it fires when the forking OS thread exits, and Go
+	// destroys the threads netns.RunIn used.
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	p.ctx, p.cancel = context.WithCancelCause(context.Background())
+	go func() {
+		p.err = cmd.Wait()
+		p.cancel(fmt.Errorf("%s exited: %v", spec.Name, p.err))
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// stop sends SIGTERM and waits (SIGKILL after 15s).
+func (p *proc) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// stats reads the process's CPU time (user+system, including waited-for
+// children such as kube-proxy's nft and iptables-restore) and peak RSS
+// (VmHWM) from /proc.
+func (p *proc) stats() (cpu float64, rssMiB float64, err error) {
+	pid := p.pid()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 15 {
+		return 0, 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	var ticks int64
+	for _, i := range []int{11, 12, 13, 14} { // utime stime cutime cstime
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0, 0, err
+		}
+		ticks += v
+	}
+	cpu = float64(ticks) / 100 // USER_HZ
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return cpu, 0, err
+	}
+	for _, l := range strings.Split(string(st), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			if err != nil {
+				return cpu, 0, err
+			}
+			rssMiB = kb / 1024
+		}
+	}
+	return cpu, rssMiB, nil
+}
+
+func (p *proc) logTail() string {
+	b, _ := os.ReadFile(p.log)
+	return framework.Tail(string(b), 30)
+}
+
+// node is one fresh node namespace with its pods, linked to the control plane.
+type node struct {
+	c      *netns.Cluster
+	name   string // Node object
+	client *netns.NS
+	pods   []*netns.NS
+}
+
+func newNode(t *testing.T, cp *framework.ControlPlane) *node {
+	t.Helper()
+	var nodeNS string
+	t.Cleanup(func() { // runs after the cluster's Close (registered later)
+		if nodeNS != "" {
+			if err := cp.Unlink(nodeNS); err != nil {
+				t.Logf("unlink %s: %v", nodeNS, err)
+			}
+		}
+	})
+	c := netns.New(t)
+	nodeNS = c.Node.NetnsName
+	if err := cp.Link(nodeNS); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range [][]string{
+		{"route", "replace", "default", "via", "172.31.255.1", "dev", "cplink"},
+		{"-6", "route", "replace", "default", "via", "fd00:ffff::1", "dev", "cplink"},
+		{"route", "replace", "unreachable", serviceCIDRs[0]},
+		{"-6", "route", "replace", "unreachable", serviceCIDRs[1]},
+	} {
+		if out, err := netns.Exec(c.Node, "ip", r...); err != nil {
+			t.Fatalf("ip %v: %v %s", r, err, out)
+		}
+	}
+	n := &node{c: c, name: "bench-" + c.Prefix()}
+	n.client = c.AddPod("client")
+	for k := range serverPods {
+		p := c.AddPod(fmt.Sprintf("p%d", k))
+		if a := podAddrs(k); p.IPv4 != a[0] || p.IPv6 != a[1] {
+			t.Fatalf("pod p%d has %v %v, want %v", k, p.IPv4, p.IPv6, a)
+		}
+		p.Serve(netns.TCP, podPort)
+		n.pods = append(n.pods, p)
+	}
+	if _, err := cp.CreateNode(n.name, netns.NodeIPv4.String(), netns.NodeIPv6.String()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cp.Client.CoreV1().Nodes().Delete(context.Background(), n.name, metav1.DeleteOptions{})
+	})
+	return n
+}
+
+// runProxy measures one proxy at size n in a fresh node: W4's no-proxy
+// baseline, then W1 (cold start), W2, W3, W4.
+func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries, spec proxySpec, n int) []Row {
+	nd := newNode(t, cp)
+	row := func(workload string) Row {
+		return Row{Proxy: spec.Name, Mode: spec.Mode, Workload: workload, Services: n, CPU: -1, RSSMiB: -1, Status: "ok", LoadAvg: loadavg()}
+	}
+	var rows []Row
+
+	// W4 baseline: the same node before any proxy rule exists.
+	base, err := connectRows(nd, n, nil, Row{Proxy: "no proxy", Mode: "-", Services: n, CPU: -1, RSSMiB: -1, Status: "ok"})
+	if err != nil {
+		t.Fatalf("no-proxy baseline: %v", err)
+	}
+	if !ld.baselineDone {
+		rows = append(rows, base...)
+		ld.baselineDone = true
+	}
+
+	dir := t.TempDir()
+	p, err := startProxy(dir, nd.c.Node, nd.name, cp.LinkKubeconfig, bins, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	defer func() {
+		p.stop()
+		if t.Failed() || os.Getenv("DSPROXY_BENCH_KEEP_LOGS") == "1" {
+			keep := filepath.Join(os.TempDir(), fmt.Sprintf("dsproxy-bench-%s-%d.log", spec.Name+"-"+spec.Mode, n))
+			if b, err := os.ReadFile(p.log); err == nil {
+				_ = os.WriteFile(keep, b, 0o644)
+				t.Logf("%s log kept in %s", spec, keep)
+			}
+		}
+	}()
+
+	// W1: process start → every sampled Service answers on both families.
+	w1 := row("W1 cold start")
+	ready, detail, err := coldStart(p, nd, ld, n, t0)
+	if cpu, rss, serr := p.stats(); serr == nil {
+		w1.CPU, w1.RSSMiB = cpu, rss
+	}
+	switch {
+	case err == nil:
+		w1.Samples, w1.P50, w1.P99, w1.Max = 1, ready.Seconds(), ready.Seconds(), ready.Seconds()
+		t.Logf("%s: W1 %v (%s), CPU %.2f s, peak RSS %.0f MiB", spec, ready.Round(time.Millisecond), detail, w1.CPU, w1.RSSMiB)
+	case errors.Is(err, context.DeadlineExceeded):
+		w1.Status = fmt.Sprintf("not finished after %v", *flagTimeout)
+		t.Logf("%s: W1 %s (%s)\n%s", spec, w1.Status, detail, p.logTail())
+		return append(rows, w1)
+	default:
+		t.Errorf("%s: W1: %v\n%s", spec, err, p.logTail())
+		w1.Status = "error: " + err.Error()
+		return append(rows, w1)
+	}
+	rows = append(rows, w1)
+
+	rows = append(rows, endpointChanges(t, p, nd, ld, row("W2 endpoint change")))
+	rows = append(rows, serviceAddDelete(t, p, nd, ld, row("W3 service add"), row("W3 service delete"))...)
+
+	probe := ld.sample(n)[0]
+	targets := []netip.Addr{ld.ips[probe][0], ld.ips[probe][1]}
+	w4, err := connectRows(nd, n, targets, row(""))
+	if err != nil {
+		t.Errorf("%s: W4: %v", spec, err)
+	}
+	rows = append(rows, w4...)
+	return rows
+}
+
+// coldStart waits until every sampled Service answers on both families and
+// returns the time since t0 of the last one to answer.
+func coldStart(p *proc, nd *node, ld *load, n int, t0 time.Time) (time.Duration, string, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, *flagTimeout)
+	defer cancel()
+	sample := ld.sample(n)
+	type res struct {
+		i, fi int
+		at    time.Time
+		err   error
+	}
+	ch := make(chan res)
+	for _, i := range sample {
+		for fi := range fams {
+			go func() {
+				at, err := poll{
+					dst: netip.AddrPortFrom(ld.ips[i][fi], svcPort),
+					// 20 ms: fine enough for seconds, and 34 pollers cost the
+					// proxy little CPU.
+					timeout: 100 * time.Millisecond, interval: 20 * time.Millisecond,
+					done: answers,
+				}.run(ctx, nd.client)
+				ch <- res{i, fi, at, err}
+			}()
+		}
+	}
+	var (
+		last     time.Time
+		firstErr error
+		lastSvc  [2]time.Duration
+		got      int
+	)
+	for range 2 * len(sample) {
+		r := <-ch
+		if r.err != nil {
+			if firstErr == nil {
+				firstErr = r.err
+			}
+			continue
+		}
+		got++
+		if r.at.After(last) {
+			last = r.at
+		}
+		if r.i == n-1 {
+			lastSvc[r.fi] = r.at.Sub(t0).Round(time.Millisecond)
+		}
+	}
+	detail := fmt.Sprintf("%d/%d sampled ClusterIPs answered; last Service IPv4 %v IPv6 %v", got, 2*len(sample), lastSvc[0], lastSvc[1])
+	if firstErr != nil {
+		if ctx.Err() == context.DeadlineExceeded {
+			return 0, detail, context.DeadlineExceeded
+		}
+		return 0, detail, firstErr
+	}
+	return last.Sub(t0), detail, nil
+}
+
+// endpointChanges: W2. The probe Service has one endpoint per family; each
+// change replaces it (p0 ↔ p1) in one family's EndpointSlice and waits for
+// the first connection that reaches the new pod.
+func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
+	// The probe may point at p1 after an earlier proxy's run.
+	for fi := range fams {
+		ctx, cancel := context.WithTimeout(p.ctx, *flagChangeTO)
+		_, err := poll{dst: netip.AddrPortFrom(ld.probe[fi], svcPort), timeout: 100 * time.Millisecond,
+			interval: 10 * time.Millisecond, done: reaches(fmt.Sprintf("p%d", ld.probeAt[fi]))}.run(ctx, nd.client)
+		cancel()
+		if err != nil {
+			return failed(t, p, r, err, "probe not ready")
+		}
+	}
+	cpu0, _, _ := p.stats()
+	var lat []time.Duration
+	for c := range *flagChanges {
+		fi := c % 2
+		k := 1 - ld.probeAt[fi]
+		ctx, cancel := context.WithTimeout(p.ctx, *flagChangeTO)
+		t0 := time.Now()
+		if err := ld.setProbe(ctx, fi, k); err != nil {
+			cancel()
+			return failed(t, p, r, err, "update slice")
+		}
+		ld.probeAt[fi] = k
+		at, err := poll{dst: netip.AddrPortFrom(ld.probe[fi], svcPort), timeout: 100 * time.Millisecond,
+			interval: time.Millisecond, done: reaches(fmt.Sprintf("p%d", k))}.run(ctx, nd.client)
+		cancel()
+		if err != nil {
+			return partial(t, p, r, lat, cpu0, err, *flagChanges)
+		}
+		lat = append(lat, at.Sub(t0))
+		time.Sleep(*flagGap)
+	}
+	return finish(p, r, lat, cpu0)
+}
+
+// serviceAddDelete: W3. A ClusterIP Service with 10 real endpoints per
+// family is created (Service, then its two slices) until both ClusterIPs
+// answer, then deleted until both stop answering (two failed connections in
+// a row, so that one lost SYN is not taken for the deletion).
+func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) []Row {
+	cpu0, _, _ := p.stats()
+	var addLat, delLat []time.Duration
+	// Each change (an add or a delete, both families) has its own cap.
+	var ctx context.Context
+	both := func(ips [2]netip.Addr, pl poll, t0 time.Time) ([]time.Duration, error) {
+		type res struct {
+			at  time.Time
+			err error
+		}
+		ch := make(chan res, 2)
+		for fi := range fams {
+			pl := pl
+			pl.dst = netip.AddrPortFrom(ips[fi], svcPort)
+			go func() {
+				at, err := pl.run(ctx, nd.client)
+				ch <- res{at, err}
+			}()
+		}
+		var out []time.Duration
+		var errs []error
+		for range fams {
+			r := <-ch
+			if r.err != nil {
+				errs = append(errs, r.err)
+				continue
+			}
+			out = append(out, r.at.Sub(t0))
+		}
+		return out, errors.Join(errs...)
+	}
+	for range *flagPairs {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(p.ctx, *flagChangeTO)
+		defer cancel()
+		name := fmt.Sprintf("w3-%d", ld.nextW3())
+		t0 := time.Now()
+		ips, err := ld.createService(ctx, name, "ClusterIP")
+		if err == nil {
+			err = ld.createSlices(ctx, name)
+		}
+		if err != nil {
+			return []Row{failed(t, p, add, err, "create"), skipped(del)}
+		}
+		d, err := both(ips, poll{timeout: 100 * time.Millisecond, interval: time.Millisecond, done: answers}, t0)
+		if err != nil {
+			return []Row{partial(t, p, add, addLat, cpu0, err, 2**flagPairs), partial(t, p, del, delLat, cpu0, err, 2**flagPairs)}
+		}
+		addLat = append(addLat, d...)
+		time.Sleep(*flagGap)
+		ctx, cancel = context.WithTimeout(p.ctx, *flagChangeTO)
+		defer cancel()
+		t0 = time.Now()
+		if err := ld.deleteService(ctx, name); err != nil {
+			return []Row{failed(t, p, add, err, "delete"), skipped(del)}
+		}
+		d, err = both(ips, poll{timeout: 200 * time.Millisecond, interval: time.Millisecond, done: fails, confirm: 2}, t0)
+		if err != nil {
+			return []Row{finish(p, add, addLat, cpu0), partial(t, p, del, delLat, cpu0, err, 2**flagPairs)}
+		}
+		delLat = append(delLat, d...)
+		time.Sleep(*flagGap)
+	}
+	a := finish(p, add, addLat, cpu0)
+	d := finish(p, del, delLat, cpu0)
+	d.CPU = -1 // the CPU column of W3 covers adds and deletes together
+	return []Row{a, d}
+}
+
+// connectRows: W4, first-packet latency. With targets nil: direct to pod p0
+// only (the no-proxy baseline); otherwise direct to p0 and the ClusterIPs,
+// interleaved.
+func connectRows(nd *node, n int, clusterIPs []netip.Addr, r Row) ([]Row, error) {
+	type target struct {
+		name string
+		dst  netip.AddrPort
+	}
+	var ts []target
+	for fi, f := range fams {
+		ts = append(ts, target{"W4 connect direct " + f.Name, netip.AddrPortFrom(podAddrs(0)[fi], podPort)})
+	}
+	if r.Proxy == "no proxy" {
+		for i := range ts {
+			ts[i].name = strings.Replace(ts[i].name, "direct", "no-proxy", 1)
+		}
+	}
+	for fi, a := range clusterIPs {
+		ts = append(ts, target{"W4 connect ClusterIP " + fams[fi].Name, netip.AddrPortFrom(a, svcPort)})
+	}
+	dsts := make([]netip.AddrPort, len(ts))
+	for i := range ts {
+		dsts[i] = ts[i].dst
+	}
+	times, err := connectTimes(nd.client, dsts, *flagConnects, 50)
+	if err != nil {
+		return nil, err
+	}
+	var rows []Row
+	for i, tg := range ts {
+		x := r
+		x.Workload, x.Services, x.LoadAvg = tg.name, n, loadavg()
+		x.setLatencies(times[i])
+		rows = append(rows, x)
+	}
+	return rows, nil
+}
+
+func finish(p *proc, r Row, lat []time.Duration, cpu0 float64) Row {
+	r.setLatencies(lat)
+	if cpu, rss, err := p.stats(); err == nil {
+		r.CPU, r.RSSMiB = cpu-cpu0, rss
+	}
+	return r
+}
+
+func partial(t *testing.T, p *proc, r Row, lat []time.Duration, cpu0 float64, err error, want int) Row {
+	r = finish(p, r, lat, cpu0)
+	if errors.Is(err, context.DeadlineExceeded) {
+		r.Status = fmt.Sprintf("not finished: a change took > %v (%d of %d samples done)", *flagChangeTO, len(lat), want)
+		return r
+	}
+	return failed(t, p, r, err, "")
+}
+
+func failed(t *testing.T, p *proc, r Row, err error, what string) Row {
+	t.Helper()
+	if what != "" {
+		err = fmt.Errorf("%s: %w", what, err)
+	}
+	t.Errorf("%s/%s %s: %v\n%s", r.Proxy, r.Mode, r.Workload, err, p.logTail())
+	r.Status = "error: " + err.Error()
+	return r
+}
+
+func skipped(r Row) Row {
+	r.Status = "skipped"
+	return r
+}
