@@ -107,24 +107,39 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 		return nil, fmt.Errorf("%s: opening netlink: %w", f, err)
 	}
 	d.kernels = append(d.kernels, k)
-	rebuild := 12
-	if sp := d.cfg.SyncPeriod; sp > 0 {
-		rebuild = max(1, int(time.Hour/sp))
-	}
 	return proxier.New(proxier.Config{
 		Family:            f,
 		NodeName:          d.nodeName,
-		Backend:           nftables.New(f, k, nftables.Options{RebuildEvery: rebuild}),
+		Backend:           nftables.New(f, k, nftables.Options{RebuildEvery: 1}),
 		NodePorts:         d.registry,
 		NodePortSpec:      np,
 		NodeIP:            ip,
 		Local:             localDetector(d.cfg, f, node),
 		MasqueradeAll:     d.cfg.MasqueradeAll,
-		Runner:            runner.Options{MinInterval: d.cfg.MinSyncPeriod, FullResyncPeriod: d.cfg.SyncPeriod},
+		Runner:            runnerOptions(d.cfg),
 		Observer:          d.metrics,
 		Conntrack:         conntrack.New(),
 		LocalStateChanged: d.local.update,
 	})
+}
+
+// FullSyncPeriod is the time between periodic full syncs, kube-proxy's
+// (v1.36) proxyutil.FullSyncPeriod. Each rebuilds the family's table under its other
+// name and swaps it in, which also repairs anything changed by hand.
+const FullSyncPeriod = time.Hour
+
+// runnerOptions maps kube-proxy's sync settings onto a family runner as kube-proxy
+// v1.36 uses them: minSyncPeriod spaces syncs; a full sync runs every FullSyncPeriod;
+// syncPeriod bounds the retry backoff and, as dsproxy's addition, starts a partial
+// sync when nothing else did for that long, which follows changed node addresses and
+// costs next to nothing otherwise.
+func runnerOptions(c *config.Config) runner.Options {
+	return runner.Options{
+		MinInterval:      c.MinSyncPeriod,
+		FullResyncPeriod: FullSyncPeriod,
+		CheckPeriod:      c.SyncPeriod,
+		RetryMax:         c.SyncPeriod,
+	}
 }
 
 // Families returns the families the daemon proxies.

@@ -160,13 +160,15 @@ func setDefaults(obj *v1alpha1.KubeProxyConfiguration) {
 		obj.OOMScoreAdj = ptr[int32](defaultOOMScoreAdj)
 	}
 	defaultDuration(&obj.IPTables.SyncPeriod, 30*time.Second)
-	defaultDuration(&obj.IPTables.MinSyncPeriod, time.Second)
+	// minSyncPeriod: no default (kube-proxy: 1s). dsproxy's syncs are incremental
+	// (one endpoint: well under a millisecond) and changes arriving during a sync
+	// are merged into the next one, so by default every change is programmed at
+	// once. An explicit value is honoured as kube-proxy does.
 	if obj.IPTables.LocalhostNodePorts == nil {
 		obj.IPTables.LocalhostNodePorts = ptr(true)
 	}
 	defaultDuration(&obj.IPVS.SyncPeriod, 30*time.Second)
 	defaultDuration(&obj.NFTables.SyncPeriod, 30*time.Second)
-	defaultDuration(&obj.NFTables.MinSyncPeriod, time.Second)
 	if obj.Conntrack.MaxPerCore == nil {
 		obj.Conntrack.MaxPerCore = ptr[int32](32 * 1024)
 	}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,7 +44,7 @@ func TestDefaults(t *testing.T) {
 				{"hostnameOverride", c.HostnameOverride, ""},
 				{"oomScoreAdj", c.OOMScoreAdj, int32(-999)},
 				{"syncPeriod", c.SyncPeriod, 30 * time.Second},
-				{"minSyncPeriod", c.MinSyncPeriod, time.Second},
+				{"minSyncPeriod (dsproxy; kube-proxy: 1s)", c.MinSyncPeriod, time.Duration(0)},
 				{"configSyncPeriod", c.ConfigSyncPeriod, 15 * time.Minute},
 				{"iptables.masqueradeBit", c.IPTables.MasqueradeBit, int32(14)},
 				{"iptables.localhostNodePorts", c.IPTables.LocalhostNodePorts, true},
@@ -88,11 +89,16 @@ func TestDefaults(t *testing.T) {
 // TestDefaultsMatchKubeGolden checks defaulting and conversion against
 // kube-proxy's own golden file (pkg/proxy/apis/config/scheme/testdata/
 // KubeProxyConfiguration/after/v1alpha1.yaml at v1.36.3): the defaulted,
-// converted (mode "") configuration re-encodes to exactly that file.
+// converted (mode "") configuration re-encodes to exactly that file, but for
+// dsproxy's one deliberate difference: minSyncPeriod has no default (kube-proxy: 1s).
 func TestDefaultsMatchKubeGolden(t *testing.T) {
-	want, err := os.ReadFile("testdata/kube-proxy-v1.36-defaults.yaml")
+	golden, err := os.ReadFile("testdata/kube-proxy-v1.36-defaults.yaml")
 	if err != nil {
 		t.Fatal(err)
+	}
+	want := bytes.ReplaceAll(golden, []byte("minSyncPeriod: 1s"), []byte("minSyncPeriod: 0s"))
+	if n := bytes.Count(golden, []byte("minSyncPeriod: 1s")); n != 1 {
+		t.Fatalf("golden file has %d minSyncPeriod: 1s lines, want 1 (iptables; the active mode's section)", n)
 	}
 	got, err := fromVersioned(defaultedVersioned()).EncodeYAML()
 	if err != nil {
@@ -101,11 +107,13 @@ func TestDefaultsMatchKubeGolden(t *testing.T) {
 	if d := cmp.Diff(string(want), string(got)); d != "" {
 		t.Errorf("defaults differ from kube-proxy golden (-kube +dsproxy):\n%s", d)
 	}
-	c, err := Decode(want)
+	c, err := Decode(golden)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cmp.Diff(Default(), c, cmpOpts); d != "" {
+	def := Default()
+	def.MinSyncPeriod = time.Second // explicit in kube-proxy's file, and honoured
+	if d := cmp.Diff(def, c, cmpOpts); d != "" {
 		t.Errorf("decoding kube golden != Default() (-want +got):\n%s", d)
 	}
 }

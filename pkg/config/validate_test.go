@@ -142,6 +142,7 @@ func TestValidateJoinsAllProblems(t *testing.T) {
 	c := Default()
 	c.ProxyMode = "bogus"
 	c.SyncPeriod = 0
+	c.MinSyncPeriod = time.Second
 	c.BindAddress = ""
 	c.ClusterCIDRs = []string{"nope"}
 	err := c.Validate()

@@ -80,8 +80,13 @@ func (r *Runner) next(now time.Time) decision {
 		s.pending, s.full = true, true
 		s.gen++
 	}
+	nextCheck := r.nextCheckLocked()
+	if !nextCheck.IsZero() && !now.Before(nextCheck) && !s.pending {
+		s.pending = true
+		s.gen++
+	}
 	if !s.pending {
-		return decision{due: nextFull, gen: s.gen}
+		return decision{due: earliest(nextFull, nextCheck), gen: s.gen}
 	}
 	if due := later(s.retryAt, s.lastStart.Add(r.opts.MinInterval)); now.Before(due) {
 		return decision{due: due, gen: s.gen}
@@ -103,6 +108,25 @@ func (r *Runner) nextFullLocked() time.Time {
 		return time.Time{}
 	}
 	return r.st.lastFullStart.Add(r.opts.FullResyncPeriod)
+}
+
+// nextCheckLocked returns when the periodic partial sync is due, or zero if none is.
+func (r *Runner) nextCheckLocked() time.Time {
+	if r.opts.CheckPeriod <= 0 || r.st.lastStart.IsZero() {
+		return time.Time{}
+	}
+	return r.st.lastStart.Add(r.opts.CheckPeriod)
+}
+
+// earliest returns the earlier of two times, ignoring zeros.
+func earliest(a, b time.Time) time.Time {
+	switch {
+	case a.IsZero():
+		return b
+	case b.IsZero() || a.Before(b):
+		return a
+	}
+	return b
 }
 
 // runOnce calls the sync function and records its outcome.

@@ -8,7 +8,9 @@
 //     the last start, are merged into exactly one follow-up sync;
 //   - a failed sync (an error or a panic) is retried after an exponential backoff, and
 //     the retry is a full sync;
-//   - a full sync also runs every Options.FullResyncPeriod to repair drift.
+//   - a full sync also runs every Options.FullResyncPeriod to repair drift, and a
+//     partial sync (which re-reads node-wide inputs such as addresses) runs when
+//     Options.CheckPeriod has passed without any sync.
 //
 // New only assembles; nothing runs until Run.
 package runner
@@ -46,6 +48,12 @@ type Options struct {
 	// periodic full syncs. The period starts with the first full sync, so a runner that
 	// was never triggered never syncs.
 	FullResyncPeriod time.Duration
+	// CheckPeriod, if positive, starts a partial sync when that long has passed since
+	// the start of the last sync of any kind. A partial sync with nothing to do costs
+	// next to nothing but re-reads the node-wide inputs (the node's addresses), so the
+	// rules follow them without a trigger. Zero or negative: no periodic partial sync.
+	// Like the periodic full sync, it starts only after the first sync.
+	CheckPeriod time.Duration
 	// RetryMin and RetryMax bound the wait before retrying a failed sync: RetryMin
 	// after the first failure, doubling with each consecutive failure, capped at
 	// RetryMax. Zero selects the defaults; RetryMax below RetryMin is raised to it.

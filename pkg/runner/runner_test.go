@@ -303,6 +303,28 @@ func TestPeriodicFullResync(t *testing.T) {
 	h.expectCall(true).done(nil)
 }
 
+func TestPeriodicCheck(t *testing.T) {
+	h := newHarness(t, Options{FullResyncPeriod: time.Hour, CheckPeriod: 30 * time.Second})
+	h.expectIdleUntil(time.Time{}) // nothing before the first sync
+	h.firstSync()
+	h.expectIdleUntil(t0.Add(30 * time.Second))
+	h.clock.Step(20 * time.Second)
+	h.r.Trigger()
+	h.expectCall(false).done(nil) // any sync restarts the check period
+	h.expectIdleUntil(t0.Add(50 * time.Second))
+	h.clock.Step(30*time.Second - time.Millisecond)
+	h.expectNoCall()
+	h.clock.Step(time.Millisecond)
+	h.expectCall(false).done(nil)
+	if st := h.r.Status(); !st.LastQueued.IsZero() {
+		t.Errorf("a periodic check set LastQueued: %+v", st)
+	}
+	h.waitIdle()
+	// The full resync keeps its own period and wins when both are due.
+	h.clock.Step(time.Hour)
+	h.expectCall(true).done(nil)
+}
+
 func TestPeriodicResyncDisabled(t *testing.T) {
 	h := newHarness(t, Options{FullResyncPeriod: -1})
 	h.r.Trigger()
