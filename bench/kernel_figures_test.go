@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -37,11 +38,28 @@ type sizeResult struct {
 	cold     coldStart
 	ep       churn
 	add, del churn
-	// connect() times per family: before any rule, with conntrack and NAT on but no
-	// rule, with dsproxy's rules (direct and through the ClusterIP), and after the
-	// tables were removed again.
-	before, ctOnly, direct, cip, after map[*family.Family][]time.Duration
+	// connect() latency from outside the cluster (the external netns; ClusterIP
+	// traffic masqueraded) and from a client pod on the node (inside the node's pod
+	// CIDR: not masqueraded, the usual way a ClusterIP is reached).
+	ext, pod latency
+	// after: external connects once the tables were removed again (drift check).
+	after map[*family.Family][]time.Duration
+	// full is the wall time of each periodic full sync (state recompute for every
+	// port, kernel read-back and repair), per family.
+	full map[*family.Family][]time.Duration
 }
+
+// latency is connect() times per family. Phases alternate in rounds so that drift
+// in the machine's load falls on both sides of a comparison alike: before the cold
+// start, no rules ↔ conntrack only (a table with two empty NAT base chains); once
+// programmed, dsproxy's tables asleep (flag dormant: hooks off, conntrack on) ↔
+// awake (direct and ClusterIP connects interleaved).
+type latency struct {
+	noRules, ctOnly, asleep, direct, cip map[*family.Family][]time.Duration
+}
+
+// latencyRounds is the number of alternations per comparison.
+const latencyRounds = 10
 
 // TestKernelFigures measures dsproxy against the real kernel in network namespaces
 // and prints a table of figures: cold start of both families, one-endpoint and
@@ -83,9 +101,7 @@ func runSize(t *testing.T, n, changes, connects int) *sizeResult {
 		pods[j] = c.AddPod(fmt.Sprintf("ep%d", j))
 		pods[j].Serve(netns.TCP, 8080)
 	}
-	if err := widenPortRange(c.External); err != nil {
-		t.Fatal(err)
-	}
+	client := c.AddPod("client")
 	w := Workload{Services: n, EndpointsPerFamily: 10, NodePortEvery: nodePortEvery(n), NodeName: benchNodeName}
 	probe := n / 2
 	nd := newNode(t, c, w, probe, pods)
@@ -97,21 +113,26 @@ func runSize(t *testing.T, n, changes, connects int) *sizeResult {
 		direct[f] = netip.AddrPortFrom(pods[0].IP(f), 8080)
 		cip[f] = netip.AddrPortFrom(ServiceIP(f, probe), 80)
 	}
-	directOnly := func() map[*family.Family][]time.Duration {
-		t.Helper()
-		ds, err := connectLatency(c.External, []netip.AddrPort{direct[family.IPv4], direct[family.IPv6]}, connects, 100)
+	directs := []netip.AddrPort{direct[family.IPv4], direct[family.IPv6]}
+	targets := []netip.AddrPort{direct[family.IPv4], cip[family.IPv4], direct[family.IPv6], cip[family.IPv6]}
+	perRound := max(connects/latencyRounds, 1)
+	byFamily := func(ds [][]time.Duration, i4, i6 int) map[*family.Family][]time.Duration {
+		return map[*family.Family][]time.Duration{family.IPv4: ds[i4], family.IPv6: ds[i6]}
+	}
+	k := nd.fams[0].k.Kernel
+	clients := []struct {
+		ns  *netns.NS
+		out *latency
+	}{{c.External, &r.ext}, {client, &r.pod}}
+	for _, cl := range clients {
+		a, b, err := alternate(cl.ns, latencyRounds, perRound,
+			func() error { return setConntrackOnly(ctx, k, false) }, func() error { return setConntrackOnly(ctx, k, true) }, directs, directs)
 		if err != nil {
-			t.Fatalf("connect without rules: %v", err)
+			t.Fatalf("connect from %v without proxy rules: %v", cl.ns, err)
 		}
-		return map[*family.Family][]time.Duration{family.IPv4: ds[0], family.IPv6: ds[1]}
+		cl.out.noRules, cl.out.ctOnly = byFamily(a, 0, 1), byFamily(b, 0, 1)
 	}
-
-	r.before = directOnly()
-	if err := setConntrackOnly(ctx, nd.fams[0].k.Kernel, true); err != nil {
-		t.Fatal(err)
-	}
-	r.ctOnly = directOnly()
-	if err := setConntrackOnly(ctx, nd.fams[0].k.Kernel, false); err != nil {
+	if err := setConntrackOnly(ctx, k, false); err != nil {
 		t.Fatal(err)
 	}
 
@@ -138,18 +159,62 @@ func runSize(t *testing.T, n, changes, connects int) *sizeResult {
 		t.Fatalf("service churn: %v", err)
 	}
 
-	ds, err := connectLatency(c.External, []netip.AddrPort{direct[family.IPv4], cip[family.IPv4], direct[family.IPv6], cip[family.IPv6]}, connects, 100)
-	if err != nil {
-		t.Fatalf("connect with %d services programmed: %v", n, err)
+	if r.full, err = nd.fullSyncs(ctx, 3); err != nil {
+		t.Fatalf("periodic full sync: %v", err)
 	}
-	r.direct = map[*family.Family][]time.Duration{family.IPv4: ds[0], family.IPv6: ds[2]}
-	r.cip = map[*family.Family][]time.Duration{family.IPv4: ds[1], family.IPv6: ds[3]}
+
+	asleep := func() error { return setDormant(ctx, c.Node, k, true) }
+	awake := func() error { return setDormant(ctx, c.Node, k, false) }
+	if err := checkDormancy(ctx, c.Node, nd, asleep, awake); err != nil {
+		t.Fatal(err)
+	}
+	for _, cl := range clients {
+		a, b, err := alternate(cl.ns, latencyRounds, perRound, asleep, awake, directs, targets)
+		if err != nil {
+			t.Fatalf("connect from %v with %d services programmed: %v", cl.ns, n, err)
+		}
+		cl.out.asleep, cl.out.direct, cl.out.cip = byFamily(a, 0, 1), byFamily(b, 0, 2), byFamily(b, 1, 3)
+	}
 
 	if err := nd.cleanup(ctx); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
-	r.after = directOnly()
+	ds, err := connectLatency(c.External, directs, connects, 100)
+	if err != nil {
+		t.Fatalf("connect once the tables are gone: %v", err)
+	}
+	r.after = byFamily(ds, 0, 1)
 	return r
+}
+
+// checkDormancy makes sure the asleep/awake switch does what the latency phases
+// assume: every table of both families dormant, then none.
+func checkDormancy(ctx context.Context, node *netns.NS, nd *node, asleep, awake func() error) error {
+	for _, want := range []bool{true, false} {
+		set := awake
+		if want {
+			set = asleep
+		}
+		if err := set(); err != nil {
+			return err
+		}
+		for _, fp := range nd.fams {
+			tables, err := fp.k.ListTables(ctx, fp.f)
+			if err != nil {
+				return err
+			}
+			for _, tb := range tables {
+				got, err := isDormant(ctx, node, fp.f, tb)
+				if err != nil {
+					return err
+				}
+				if got != want {
+					return fmt.Errorf("%s table %s: dormant %v, want %v", fp.f, tb, got, want)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // slowestN returns the n longest durations, longest first.
@@ -231,16 +296,37 @@ func printFigures(out io.Writer, rows []*sizeResult) {
 	}
 	tw.Flush()
 
-	fmt.Fprintln(out, "\n4. TCP connect() from the external netns through the node netns to a pod (each a new conntrack entry)")
-	p("services", "family", "connects", "no rules p50", "p99", "conntrack only p50", "p99", "direct+rules p50", "p99", "ClusterIP p50", "p99", "ClusterIP − no rules (p50)", "ClusterIP − conntrack only (p50)", "ClusterIP − direct (p50)", "target", "no rules again p50")
+	printLatency := func(title string, l func(*sizeResult) latency, after bool) {
+		fmt.Fprintln(out, "\n"+title)
+		cols := []string{"services", "family", "connects", "no rules p50", "conntrack only p50", "rules asleep p50", "direct+rules p50", "p99", "ClusterIP p50", "p99",
+			"conntrack (ct only − no rules)", "dsproxy (ClusterIP − asleep)", "sum", "ClusterIP − no rules", "target"}
+		if after {
+			cols = append(cols, "no rules again p50")
+		}
+		p(cols...)
+		for _, r := range rows {
+			lt := l(r)
+			for _, f := range family.All {
+				nr, ct, as, d, c := percentile(lt.noRules[f], 50), percentile(lt.ctOnly[f], 50), percentile(lt.asleep[f], 50), percentile(lt.direct[f], 50), percentile(lt.cip[f], 50)
+				cells := []string{strconv.Itoa(r.n), f.Name, strconv.Itoa(len(lt.cip[f])), fmtDur(nr), fmtDur(ct), fmtDur(as),
+					fmtDur(d), fmtDur(percentile(lt.direct[f], 99)), fmtDur(c), fmtDur(percentile(lt.cip[f], 99)),
+					fmtDelta(ct - nr), fmtDelta(c - as), fmtDelta(ct - nr + c - as), fmtDelta(c - nr), "≤ " + fmtDur(targetLatency)}
+				if after {
+					cells = append(cells, fmtDur(percentile(r.after[f], 50)))
+				}
+				p(cells...)
+			}
+		}
+		tw.Flush()
+	}
+	printLatency("4a. TCP connect() from the external netns through the node netns to a pod (a new conntrack entry each; ClusterIP traffic masqueraded); phases alternated, see latency", func(r *sizeResult) latency { return r.ext }, true)
+	printLatency("4b. The same from a client pod on the node (inside the node's pod CIDR: not masqueraded)", func(r *sizeResult) latency { return r.pod }, false)
+
+	fmt.Fprintln(out, "\n5. Periodic full sync once programmed (every port's state recomputed, kernel read back and compared, nothing to repair)")
+	p("services", "family", "syncs", "min", "max")
 	for _, r := range rows {
 		for _, f := range family.All {
-			b, ct, d, c, a := r.before[f], r.ctOnly[f], r.direct[f], r.cip[f], r.after[f]
-			p(strconv.Itoa(r.n), f.Name, strconv.Itoa(len(c)), fmtDur(percentile(b, 50)), fmtDur(percentile(b, 99)),
-				fmtDur(percentile(ct, 50)), fmtDur(percentile(ct, 99)),
-				fmtDur(percentile(d, 50)), fmtDur(percentile(d, 99)), fmtDur(percentile(c, 50)), fmtDur(percentile(c, 99)),
-				fmtDelta(percentile(c, 50)-percentile(b, 50)), fmtDelta(percentile(c, 50)-percentile(ct, 50)), fmtDelta(percentile(c, 50)-percentile(d, 50)),
-				"≤ "+fmtDur(targetLatency), fmtDur(percentile(a, 50)))
+			p(strconv.Itoa(r.n), f.Name, strconv.Itoa(len(r.full[f])), fmtDur(percentile(r.full[f], 0)), fmtDur(percentile(r.full[f], 100)))
 		}
 	}
 	tw.Flush()

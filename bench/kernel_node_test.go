@@ -102,8 +102,7 @@ type node struct {
 	probe int // index of the Service whose endpoints are the probe pods
 }
 
-// kernelObjects is a workload's API objects. The slices use endpointAddr, so every
-// endpoint of every Service has its own address in both families.
+// kernelObjects is a workload's API objects.
 type kernelObjects struct {
 	svcs   []*v1.Service
 	slices map[*family.Family][]*discovery.EndpointSlice
@@ -114,27 +113,6 @@ type kernelObjects struct {
 // (2500 NodePorts at most).
 func nodePortEvery(n int) int {
 	return max(4, (n+2499)/2500)
-}
-
-// endpointAddr is endpoint j of Service i. IPv6 is bench.EndpointIP; IPv4 is too
-// unless EndpointIP maps neighbouring endpoints onto one address (it shifts the
-// IPv4 index 8 bits too far, so 256 consecutive endpoints share an address and the
-// endpoint cache dedupes a 10-endpoint Service down to one endpoint).
-func endpointAddr(f *family.Family, i, j int) netip.Addr {
-	if f == family.IPv6 || EndpointIP(f, 0, 0) != EndpointIP(f, 0, 1) {
-		return EndpointIP(f, i, j)
-	}
-	n := i*64 + j
-	return netip.AddrFrom4([4]byte{10, 64 + byte(n>>16&0x3f), byte(n >> 8), byte(n)})
-}
-
-// slice is Workload.Slice with endpointAddr's addresses.
-func (w Workload) kernelSlice(f *family.Family, i, n int) *discovery.EndpointSlice {
-	es := w.Slice(f, i, n)
-	for j := range es.Endpoints {
-		es.Endpoints[j].Addresses = []string{endpointAddr(f, i, j).String()}
-	}
-	return es
 }
 
 // clusterIPService is Service i forced to type ClusterIP.
@@ -150,10 +128,10 @@ func generateKernel(w Workload, probe int, pods []*netns.NS) kernelObjects {
 	for i := range w.Services {
 		o.svcs = append(o.svcs, w.Service(i))
 		for _, f := range family.All {
-			es := w.kernelSlice(f, i, w.EndpointsPerFamily)
+			es := w.Slice(f, i, w.EndpointsPerFamily)
 			if i == probe {
 				// The probe Service is served by the probe pods.
-				es = w.kernelSlice(f, i, len(pods))
+				es = w.Slice(f, i, len(pods))
 				for j, p := range pods {
 					es.Endpoints[j].Addresses = []string{p.IP(f).String()}
 				}
@@ -341,7 +319,7 @@ func (n *node) endpointChurn(ctx context.Context, changes int, rnd func(int) int
 		for _, step := range []int{n.w.EndpointsPerFamily + 1, n.w.EndpointsPerFamily} {
 			for _, fp := range n.fams {
 				old := n.o.slices[fp.f][i]
-				fp.p.OnEndpointSliceUpdate(old, n.w.kernelSlice(fp.f, i, step))
+				fp.p.OnEndpointSliceUpdate(old, n.w.Slice(fp.f, i, step))
 			}
 			what := fmt.Sprintf("service %d to %d endpoints", i, step)
 			if err := n.record(ctx, ch, what); err != nil {
@@ -362,7 +340,7 @@ func (n *node) serviceChurn(ctx context.Context, pairs int) (add, del churn, err
 		n.reg.Update(s)
 		for _, fp := range n.fams {
 			fp.p.OnServiceAdd(s)
-			fp.p.OnEndpointSliceAdd(n.w.kernelSlice(fp.f, i, n.w.EndpointsPerFamily))
+			fp.p.OnEndpointSliceAdd(n.w.Slice(fp.f, i, n.w.EndpointsPerFamily))
 		}
 		if err := n.record(ctx, add, fmt.Sprintf("add service %d", i)); err != nil {
 			return add, del, err
@@ -370,13 +348,35 @@ func (n *node) serviceChurn(ctx context.Context, pairs int) (add, del churn, err
 		n.reg.Delete(s)
 		for _, fp := range n.fams {
 			fp.p.OnServiceDelete(s)
-			fp.p.OnEndpointSliceDelete(n.w.kernelSlice(fp.f, i, n.w.EndpointsPerFamily))
+			fp.p.OnEndpointSliceDelete(n.w.Slice(fp.f, i, n.w.EndpointsPerFamily))
 		}
 		if err := n.record(ctx, del, fmt.Sprintf("delete service %d", i)); err != nil {
 			return add, del, err
 		}
 	}
 	return add, del, nil
+}
+
+// fullSyncs runs k periodic full syncs of each family, one family after the other,
+// and returns their wall times. Nothing changed since the last sync, so each must
+// commit nothing beyond repairs, and there must be none.
+func (n *node) fullSyncs(ctx context.Context, k int) (map[*family.Family][]time.Duration, error) {
+	out := map[*family.Family][]time.Duration{}
+	for range k {
+		for _, fp := range n.fams {
+			fp.k.take()
+			start := time.Now()
+			err := fp.p.Sync(ctx, true)
+			out[fp.f] = append(out[fp.f], time.Since(start))
+			if err != nil {
+				return out, fmt.Errorf("%s: %w", fp.f, err)
+			}
+			if txs := fp.k.take(); len(txs) != 0 {
+				return out, fmt.Errorf("%s: a full sync of an unchanged, undisturbed ruleset committed %d transactions", fp.f, len(txs))
+			}
+		}
+	}
+	return out, nil
 }
 
 // cleanup removes the proxiers' tables.
