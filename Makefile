@@ -52,7 +52,7 @@ bench-kernel:
 SERVICES ?= 1000
 bench-e2e:
 	hack/controlplane/build.sh
-	$(GO) test -tags e2e,netns -run TestBenchE2E -v -count=1 -timeout 120m ./bench/e2e/ -args -services=$(SERVICES)
+	$(GO) test -tags e2e,netns -run TestBenchE2E -v -count=1 -timeout 120m ./bench/e2e/ -args -services=$(SERVICES) $(BENCH_E2E_ARGS)
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 5x ./bench/... ./pkg/...

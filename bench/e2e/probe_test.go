@@ -108,6 +108,12 @@ func connectTimes(ns *netns.NS, targets []netip.AddrPort, n, warm int) ([][]time
 		for round := range warm + n {
 			for ti, dst := range targets {
 				d, err := connectOnce(dst)
+				// A signal (Go's preemption) can interrupt the blocking
+				// connect: drop that sample and connect again, a bounded
+				// number of times.
+				for try := 0; errors.Is(err, unix.EINTR) && try < 5; try++ {
+					d, err = connectOnce(dst)
+				}
 				if err != nil {
 					return fmt.Errorf("connect %v: %w", dst, err)
 				}

@@ -40,6 +40,20 @@ type proc struct {
 	err    error
 	ctx    context.Context // cancelled when the process exits
 	cancel context.CancelCauseFunc
+	spec   proxySpec
+}
+
+// changes and pairs are the W2 / W3 sample counts for p: kube-proxy's may be
+// capped (-kube-proxy-changes, -kube-proxy-pairs), its changes taking seconds each
+// at 10k Services and more.
+func (p *proc) changes() int { return capped(p.spec, *flagChanges, *flagKPChanges) }
+func (p *proc) pairs() int   { return capped(p.spec, *flagPairs, *flagKPPairs) }
+
+func capped(spec proxySpec, n, kpCap int) int {
+	if spec.Name == "kube-proxy" && kpCap > 0 {
+		return min(n, kpCap)
+	}
+	return n
 }
 
 func startProxy(dir string, node *netns.NS, nodeName, kubeconfig string, bins binaries, spec proxySpec) (*proc, error) {
@@ -91,7 +105,7 @@ conntrack:
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{}), spec: spec}
 	p.ctx, p.cancel = context.WithCancelCause(context.Background())
 	go func() {
 		p.err = cmd.Wait()
@@ -359,7 +373,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 	}
 	cpu0, _, _ := p.stats()
 	var lat []time.Duration
-	for c := range *flagChanges {
+	for c := range p.changes() {
 		fi := c % 2
 		k := 1 - ld.probeAt[fi]
 		ctx, cancel := context.WithTimeout(p.ctx, *flagChangeTO)
@@ -373,7 +387,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 			interval: time.Millisecond, done: reaches(fmt.Sprintf("p%d", k))}.run(ctx, nd.client)
 		cancel()
 		if err != nil {
-			return partial(t, p, r, lat, cpu0, err, *flagChanges)
+			return partial(t, p, r, lat, cpu0, err, p.changes())
 		}
 		lat = append(lat, at.Sub(t0))
 		time.Sleep(*flagGap)
@@ -416,7 +430,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		}
 		return out, errors.Join(errs...)
 	}
-	for range *flagPairs {
+	for range p.pairs() {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(p.ctx, *flagChangeTO)
 		defer cancel()
@@ -431,7 +445,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		}
 		d, err := both(ips, poll{timeout: 100 * time.Millisecond, interval: time.Millisecond, done: answers}, t0)
 		if err != nil {
-			return []Row{partial(t, p, add, addLat, cpu0, err, 2**flagPairs), partial(t, p, del, delLat, cpu0, err, 2**flagPairs)}
+			return []Row{partial(t, p, add, addLat, cpu0, err, 2*p.pairs()), partial(t, p, del, delLat, cpu0, err, 2*p.pairs())}
 		}
 		addLat = append(addLat, d...)
 		time.Sleep(*flagGap)
@@ -443,7 +457,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		}
 		d, err = both(ips, poll{timeout: 200 * time.Millisecond, interval: time.Millisecond, done: fails, confirm: 2}, t0)
 		if err != nil {
-			return []Row{finish(p, add, addLat, cpu0), partial(t, p, del, delLat, cpu0, err, 2**flagPairs)}
+			return []Row{finish(p, add, addLat, cpu0), partial(t, p, del, delLat, cpu0, err, 2*p.pairs())}
 		}
 		delLat = append(delLat, d...)
 		time.Sleep(*flagGap)

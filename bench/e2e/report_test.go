@@ -91,8 +91,8 @@ func newReport(sizes []int) *report {
 		Date:    time.Now().UTC().Format(time.RFC3339),
 		Machine: fmt.Sprintf("%d CPUs (%s), kernel %s, %s", runtime.NumCPU(), model, unix.ByteSliceToString(u.Release[:]), runtime.Version()),
 		Sizes:   sizes,
-		Flags: fmt.Sprintf("changes=%d pairs=%d connects=%d workload-timeout=%v gap=%v",
-			*flagChanges, *flagPairs, *flagConnects, *flagTimeout, *flagGap),
+		Flags: fmt.Sprintf("changes=%d pairs=%d kube-proxy-changes=%d kube-proxy-pairs=%d connects=%d workload-timeout=%v gap=%v",
+			*flagChanges, *flagPairs, *flagKPChanges, *flagKPPairs, *flagConnects, *flagTimeout, *flagGap),
 	}
 }
 
