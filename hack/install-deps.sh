@@ -16,5 +16,5 @@ fi
 # Debian starts etcd as a service on install; the tests run their own.
 systemctl disable --now etcd >/dev/null 2>&1 || true
 gobin=$(go env GOPATH)/bin
-[ -x "$gobin/staticcheck" ] || GOFLAGS= go install honnef.co/go/tools/cmd/staticcheck@2025.1.1
+[ -x "$gobin/staticcheck" ] || GOFLAGS= go install honnef.co/go/tools/cmd/staticcheck@v0.6.1 # release 2025.1.1, by its module version (the proxy may refuse the tag)
 go mod download
