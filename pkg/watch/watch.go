@@ -64,11 +64,13 @@ func ProxySelector() labels.Selector {
 func Start(ctx context.Context, client kubernetes.Interface, h Handler, opts Options) error {
 	sel := ProxySelector().String()
 	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
+		informers.WithTransform(StripForProxy))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
-		}))
+		}),
+		informers.WithTransform(StripForProxy))
 	var regs []cache.InformerSynced
 	add := func(inf cache.SharedIndexInformer, hs cache.ResourceEventHandlerFuncs) error {
 		reg, err := inf.AddEventHandler(hs)

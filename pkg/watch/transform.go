@@ -1,0 +1,32 @@
+package watch
+
+import (
+	"k8s.io/apimachinery/pkg/api/meta"
+)
+
+// LastAppliedAnnotation is kubectl's copy of the last applied configuration: the whole
+// object again as JSON, read by nothing in the proxy.
+const LastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
+
+// StripForProxy is the informers' transform: before an object enters an informer's
+// cache it drops what the proxy never reads and what, at 10k Services and 20k
+// EndpointSlices, is a large share of the caches: metadata.managedFields (one entry
+// per field manager, each a JSON field set) and kubectl's last-applied annotation.
+// Every other field, annotations included (the EndpointSlice trigger time), is kept.
+// Objects without metadata pass through unchanged. It never fails.
+func StripForProxy(obj any) (any, error) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return obj, nil
+	}
+	m.SetManagedFields(nil)
+	if a := m.GetAnnotations(); a != nil {
+		if _, ok := a[LastAppliedAnnotation]; ok {
+			delete(a, LastAppliedAnnotation)
+			if len(a) == 0 {
+				m.SetAnnotations(nil)
+			}
+		}
+	}
+	return obj, nil
+}
