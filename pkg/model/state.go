@@ -70,10 +70,9 @@ func (s *State) Update(svcs ServiceMap, eps EndpointsMap, node NodeInfo, changed
 			changed[nn] = true
 		}
 	}
-	clear(s.Previous)
-	if s.Previous == nil {
-		s.Previous = make(map[ServicePortName]*PortState)
-	}
+	// A new map each time, not clear: after a full update it held every port, and
+	// clearing a map costs its largest size, on every later update.
+	s.Previous = make(map[ServicePortName]*PortState, len(changed))
 	var out []ServicePortName
 	for nn := range changed {
 		out = s.updateService(nn, svcs[nn], eps, node, out)

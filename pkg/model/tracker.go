@@ -86,7 +86,10 @@ func (t *ServiceTracker) Checkout(m ServiceMap, full bool) map[types.NamespacedN
 			t.applied[nn] = ports
 		}
 	}
-	clear(t.pending)
+	// A new map, not clear: a map keeps the capacity of its largest size, and
+	// clearing or ranging over one that once held every Service (the cold start)
+	// costs that capacity on every later sync.
+	t.pending = make(map[types.NamespacedName][]*ServicePort)
 	if full {
 		for nn := range m {
 			changed[nn] = true

@@ -209,7 +209,11 @@ func (p *Proxier) onSlice(es *discovery.EndpointSlice, deleted bool) {
 // recordTrigger remembers when the controller saw the change behind es, for
 // kubeproxy_network_programming_duration_seconds.
 func (p *Proxier) recordTrigger(es *discovery.EndpointSlice) {
-	t, err := time.Parse(time.RFC3339Nano, es.Annotations[v1.EndpointsLastChangeTriggerTime])
+	v, ok := es.Annotations[v1.EndpointsLastChangeTriggerTime]
+	if !ok {
+		return // hand-made slices have none; parsing "" would allocate an error
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
 		return
 	}
