@@ -115,3 +115,44 @@ func BenchmarkOneEndpointUpdate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkOneServiceAddDelete measures the pure part of the two syncs that create
+// a new dual-stack-workload Service with 10 endpoints (one family) and delete it again,
+// in a cluster of n Services: ingestion, checkout and the state updates, each yielding
+// exactly the one changed port. One op is the pair.
+func BenchmarkOneServiceAddDelete(b *testing.B) {
+	for _, n := range sizes {
+		w := Workload{Services: n + 1, EndpointsPerFamily: 10, NodePortEvery: 4, NodeName: "node-0"}
+		o := generate(w)
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			f := family.IPv6
+			m := newFamilyModel(f, w.NodeName)
+			for i := range n {
+				m.svcs.Update(nil, o.svcs[i])
+				m.eps.Update(o.slices[f][i])
+			}
+			m.sync(true)
+			s, es := o.svcs[n], o.slices[f][n]
+			want := model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "bench", Name: s.Name}, Port: "http", Protocol: v1.ProtocolTCP}
+			b.ReportAllocs()
+			for b.Loop() {
+				m.svcs.Update(nil, s)
+				m.eps.Update(es)
+				if got := m.sync(false); len(got) != 1 || got[0] != want {
+					b.Fatalf("add: changed %v, want [%v]", got, want)
+				}
+				if _, ok := m.state.Ports[want]; !ok {
+					b.Fatalf("add: %v not in the state", want)
+				}
+				m.svcs.Update(s, nil)
+				m.eps.Delete(es)
+				if got := m.sync(false); len(got) != 1 || got[0] != want {
+					b.Fatalf("delete: changed %v, want [%v]", got, want)
+				}
+				if _, ok := m.state.Ports[want]; ok {
+					b.Fatalf("delete: %v still in the state", want)
+				}
+			}
+		})
+	}
+}

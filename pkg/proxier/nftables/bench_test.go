@@ -6,13 +6,17 @@ import (
 
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
 )
+
+// benchSizes are the Service counts of issue 5's micro-benchmarks.
+var benchSizes = []int{1000, 10000, 30000}
 
 // BenchmarkOneEndpointChange measures the pure-Go cost of a sync that adds or
 // removes one endpoint of one service (diff + transaction building), with a kernel
 // that accepts everything.
 func BenchmarkOneEndpointChange(b *testing.B) {
-	for _, n := range []int{10000, 30000} {
+	for _, n := range benchSizes {
 		for _, f := range family.All {
 			b.Run(fmt.Sprintf("%s/services=%d", f, n), func(b *testing.B) {
 				e, rec := bigEnv(b, f, n, nil)
@@ -48,7 +52,7 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 // BenchmarkColdStart measures the pure-Go cost of a rebuild (cache fill, element
 // lists, transaction building) with a kernel that accepts everything.
 func BenchmarkColdStart(b *testing.B) {
-	for _, n := range []int{10000, 30000} {
+	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			f := family.IPv4
 			e, _ := bigEnv(b, f, n, nil)
@@ -62,5 +66,45 @@ func BenchmarkColdStart(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkOneServiceAddDelete measures the pure-Go cost of the two syncs that add a
+// new NodePort Service with 10 endpoints and delete it again (diff + transaction
+// building), with a kernel that accepts everything. One op is the pair; each sync
+// may touch at most the ClusterIP and NodePort frontends (an element in a dispatch set
+// and one per endpoint each) and @cluster-ips.
+func BenchmarkOneServiceAddDelete(b *testing.B) {
+	for _, n := range benchSizes {
+		for _, f := range family.All {
+			b.Run(fmt.Sprintf("%s/services=%d", f, n), func(b *testing.B) {
+				e, rec := bigEnv(b, f, n, nil)
+				e.t = nil
+				if _, err := e.b.Sync(b.Context(), syncAll(e)); err != nil {
+					b.Fatal(err)
+				}
+				sp := svc(f, "added", 0, 80, tcp, nodePort(uint16(30000+n)))
+				sp.ClusterIP = addrPlus(testaddr.Svc(f, 0), 256+n)
+				eps := make([]model.Endpoint, 10)
+				for j := range eps {
+					eps[j] = ep(f, 0, 8080, false)
+					eps[j].Addr = addrPlus(testaddr.Pod(f, 0), 256+n*16+j)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					name := e.put(sp, eps...)
+					add, err := e.b.Sync(b.Context(), syncChanged(e, name))
+					if err != nil || add.Operations == 0 || add.Operations > 2*(1+len(eps))+1 {
+						b.Fatalf("add: %v, %d operations:\n%s", err, add.Operations, rec.last)
+					}
+					e.del(name)
+					del, err := e.b.Sync(b.Context(), syncChanged(e, name))
+					if err != nil || del.Operations == 0 || del.Operations > 2*(1+len(eps))+1 {
+						b.Fatalf("delete: %v, %d operations:\n%s", err, del.Operations, rec.last)
+					}
+				}
+			})
+		}
 	}
 }
