@@ -203,7 +203,12 @@ func (rep *report) table(rows []Row) string {
 		p50, p99 := fmtDur(r.P50), fmtDur(r.P99)
 		unfinished := strings.Contains(r.Status, "not finished")
 		if unfinished && r.Samples == 0 {
-			p50, p99 = "> "+flagTimeout.String(), "> "+flagTimeout.String()
+			// W1's cap is -workload-timeout; W2/W3 stop at a change over -change-timeout.
+			limit := *flagTimeout
+			if r.Workload != "W1 cold start" {
+				limit = *flagChangeTO
+			}
+			p50, p99 = "> "+limit.String(), "> "+limit.String()
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			r.Proxy, r.Mode, r.Workload, r.Services, r.Samples, p50, p99, cpu, rss,
