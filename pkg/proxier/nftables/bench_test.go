@@ -12,6 +12,16 @@ import (
 // benchSizes are the Service counts of issue 5's micro-benchmarks.
 var benchSizes = []int{1000, 10000, 30000}
 
+// syncedBigEnv is bigEnv over a kernel that accepts everything, after its cold sync.
+func syncedBigEnv(b *testing.B, f *family.Family, n int) (*env, *recorder) {
+	e, rec := bigEnv(b, f, n, nil)
+	e.t = nil
+	if _, err := e.b.Sync(b.Context(), syncAll(e)); err != nil {
+		b.Fatal(err)
+	}
+	return e, rec
+}
+
 // BenchmarkOneEndpointChange measures the pure-Go cost of a sync that adds or
 // removes one endpoint of one service (diff + transaction building), with a kernel
 // that accepts everything.
@@ -19,11 +29,7 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 	for _, n := range benchSizes {
 		for _, f := range family.All {
 			b.Run(fmt.Sprintf("%s/services=%d", f, n), func(b *testing.B) {
-				e, rec := bigEnv(b, f, n, nil)
-				e.t = nil
-				if _, err := e.b.Sync(b.Context(), syncAll(e)); err != nil {
-					b.Fatal(err)
-				}
+				e, rec := syncedBigEnv(b, f, n)
 				name := e.name(n / 2)
 				sp := e.state.Ports[name].ServicePort
 				eps := e.eps[name]
@@ -78,11 +84,7 @@ func BenchmarkOneServiceAddDelete(b *testing.B) {
 	for _, n := range benchSizes {
 		for _, f := range family.All {
 			b.Run(fmt.Sprintf("%s/services=%d", f, n), func(b *testing.B) {
-				e, rec := bigEnv(b, f, n, nil)
-				e.t = nil
-				if _, err := e.b.Sync(b.Context(), syncAll(e)); err != nil {
-					b.Fatal(err)
-				}
+				e, rec := syncedBigEnv(b, f, n)
 				sp := svc(f, "added", 0, 80, tcp, nodePort(uint16(30000+n)))
 				sp.ClusterIP = addrPlus(testaddr.Svc(f, 0), 256+n)
 				eps := make([]model.Endpoint, 10)
