@@ -234,7 +234,7 @@ func TestParseConditionsAndHints(t *testing.T) {
 			t.Errorf("%s: conditions of endpoint 0: %+v", f, e0)
 		}
 		if !e1.Ready || !e1.Serving || e1.Terminating || e1.Zone != "z1" ||
-			fmt.Sprint(e1.ZoneHints) != "[z1 z2]" || fmt.Sprint(e1.NodeHints) != "[n]" {
+			fmt.Sprint(e1.ZoneHints()) != "[z1 z2]" || fmt.Sprint(e1.NodeHints()) != "[n]" {
 			t.Errorf("%s: endpoint 1: %+v", f, e1)
 		}
 	}

@@ -149,17 +149,19 @@ func endpointFrom(ep *discovery.Endpoint, addr netip.Addr, nodeName string) mode
 	if ep.Zone != nil {
 		e.Zone = *ep.Zone
 	}
-	if ep.Hints != nil {
+	if ep.Hints != nil && len(ep.Hints.ForZones)+len(ep.Hints.ForNodes) > 0 {
+		h := &model.Hints{}
 		for _, z := range ep.Hints.ForZones {
-			e.ZoneHints = append(e.ZoneHints, z.Name)
+			h.Zones = append(h.Zones, z.Name)
 		}
 		for _, n := range ep.Hints.ForNodes {
-			e.NodeHints = append(e.NodeHints, n.Name)
+			h.Nodes = append(h.Nodes, n.Name)
 		}
-		slices.Sort(e.ZoneHints)
-		e.ZoneHints = slices.Compact(e.ZoneHints)
-		slices.Sort(e.NodeHints)
-		e.NodeHints = slices.Compact(e.NodeHints)
+		slices.Sort(h.Zones)
+		h.Zones = slices.Compact(h.Zones)
+		slices.Sort(h.Nodes)
+		h.Nodes = slices.Compact(h.Nodes)
+		e.Hints = h
 	}
 	return e
 }

@@ -93,14 +93,14 @@ func topologyMode(eps []Endpoint, node NodeInfo) topology {
 			continue
 		}
 		anyReady = true
-		if len(e.NodeHints) == 0 {
+		if len(e.NodeHints()) == 0 {
 			allNode = false
-		} else if slices.Contains(e.NodeHints, node.Name) {
+		} else if slices.Contains(e.NodeHints(), node.Name) {
 			forNode = true
 		}
-		if len(e.ZoneHints) == 0 {
+		if len(e.ZoneHints()) == 0 {
 			allZone = false
-		} else if node.Zone != "" && slices.Contains(e.ZoneHints, node.Zone) {
+		} else if node.Zone != "" && slices.Contains(e.ZoneHints(), node.Zone) {
 			forZone = true
 		}
 	}
@@ -118,9 +118,9 @@ func topologyMode(eps []Endpoint, node NodeInfo) topology {
 func allowedByTopology(e *Endpoint, mode topology, node NodeInfo) bool {
 	switch mode {
 	case topologySameNode:
-		return slices.Contains(e.NodeHints, node.Name)
+		return slices.Contains(e.NodeHints(), node.Name)
 	case topologySameZone:
-		return slices.Contains(e.ZoneHints, node.Zone)
+		return slices.Contains(e.ZoneHints(), node.Zone)
 	}
 	return true
 }

@@ -19,12 +19,15 @@ type ep struct {
 }
 
 func (e ep) build(f *family.Family) Endpoint {
-	return Endpoint{
+	out := Endpoint{
 		Addr: testaddr.Pod(f, e.n), Port: 8080,
 		Ready: strings.Contains(e.flags, "R"), Serving: strings.Contains(e.flags, "S"),
 		Terminating: strings.Contains(e.flags, "T"), Local: strings.Contains(e.flags, "L"),
-		ZoneHints: e.zones, NodeHints: e.nodes,
 	}
+	if len(e.zones)+len(e.nodes) > 0 {
+		out.Hints = &Hints{Zones: e.zones, Nodes: e.nodes}
+	}
+	return out
 }
 
 func ids(f *family.Family, eps []Endpoint) string {
