@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -259,6 +260,11 @@ func (n *node) coldStart(ctx context.Context) (coldStart, error) {
 	}
 	runtime.GC()
 	cs.liveHeap = heapObjects()
+	if f := os.Getenv("DSPROXY_BENCH_HEAPPROFILE"); f != "" {
+		if err := writeHeapProfile(f); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return cs, errors.Join(errs...)
 }
 
@@ -489,4 +495,18 @@ func sum(ds []time.Duration) time.Duration {
 		t += d
 	}
 	return t
+}
+
+// writeHeapProfile writes the heap profile (as of the last GC) to file, for
+// DSPROXY_BENCH_HEAPPROFILE: where a cold start's live memory sits.
+func writeHeapProfile(file string) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

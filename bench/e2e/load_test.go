@@ -63,6 +63,8 @@ type load struct {
 	probeAt      [2]int
 	w3           int
 	baselineDone bool
+	// events are the watch events of ns, for the API / proxy split of W2 and W3.
+	events *eventLog
 }
 
 func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int) (*load, error) {
@@ -85,6 +87,11 @@ func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int) (*load, erro
 	}
 	for _, n := range sizes {
 		l.sizes[n] = true
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if l.events, err = watchEvents(ctx, client, l.ns); err != nil {
+		return nil, err
 	}
 	probe, err := l.createService(context.Background(), "probe", corev1.ServiceTypeClusterIP)
 	if err != nil {

@@ -46,6 +46,7 @@ var (
 	flagWorkers   = flag.Int("workers", 32, "load generator: concurrent API writers")
 	flagOut       = flag.String("out", "out", "directory for results.json, results.txt and results.png")
 	flagMerge     = flag.String("merge", "", "results.json of an earlier run: its rows for sizes not measured now are added to the table, JSON and plot (marked in the status)")
+	flagDSArgs    = flag.String("dsproxy-args", "", "extra dsproxy arguments, space-separated (e.g. \"-v=2\" to log every sync)")
 	flagBin       = flag.String("dsproxy-bin", "", "prebuilt dsproxy binary (default: go build ./cmd/dsproxy)")
 )
 

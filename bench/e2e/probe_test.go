@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -157,4 +158,113 @@ func connectOnce(dst netip.AddrPort) (time.Duration, error) {
 		err = unix.ETIMEDOUT
 	}
 	return d, err
+}
+
+// firstAnswer waits for a target that does not answer yet (a new Service's
+// ClusterIP) to start answering. Connecting one at a time would not do: while
+// the address has no rules its SYNs are dropped, so each connection waits its
+// whole timeout and a change would be seen up to one timeout late. Instead a
+// new connection starts every interval, each waiting up to timeout in the
+// background, and the start of the earliest one that got an answer is
+// returned (resolution: interval). Sockets are made on ns's locked thread, so
+// they belong to its network namespace; waiting on them needs no namespace.
+func firstAnswer(ctx context.Context, ns *netns.NS, dst netip.AddrPort, interval, timeout time.Duration) (time.Time, error) {
+	type result struct {
+		start time.Time
+		ok    bool
+	}
+	var at time.Time
+	err := netns.RunIn(ns, func() error {
+		results := make(chan result, 1024)
+		var earliest time.Time // earliest answered start so far
+		var pending []time.Time
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			if earliest.IsZero() {
+				start := time.Now()
+				fd, err := connectNonblocking(dst)
+				if err != nil {
+					return fmt.Errorf("connect %v: %w", dst, err)
+				}
+				pending = append(pending, start)
+				go func() {
+					ok := awaitAnswer(fd, start.Add(timeout))
+					results <- result{start, ok}
+				}()
+			}
+			if !earliest.IsZero() && !slices.ContainsFunc(pending, func(s time.Time) bool { return s.Before(earliest) }) {
+				// Nothing started earlier can still answer.
+				at = earliest
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%v: %w", dst, context.Cause(ctx))
+			case r := <-results:
+				pending = slices.DeleteFunc(pending, func(s time.Time) bool { return s.Equal(r.start) })
+				if r.ok && (earliest.IsZero() || r.start.Before(earliest)) {
+					earliest = r.start
+				}
+			case <-tick.C:
+			}
+		}
+	})
+	return at, err
+}
+
+// connectNonblocking starts a TCP connection to dst and returns its socket. The
+// socket closes with RST.
+func connectNonblocking(dst netip.AddrPort) (int, error) {
+	var (
+		af int
+		sa unix.Sockaddr
+	)
+	if a := dst.Addr().Unmap(); a.Is4() {
+		af, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(dst.Port()), Addr: a.As4()}
+	} else {
+		af, sa = unix.AF_INET6, &unix.SockaddrInet6{Port: int(dst.Port()), Addr: a.As16()}
+	}
+	fd, err := unix.Socket(af, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0}); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if err := unix.Connect(fd, sa); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// awaitAnswer waits until deadline for fd's connection to complete and the
+// server's line to arrive, then closes fd. It reports whether a line came.
+func awaitAnswer(fd int, deadline time.Time) bool {
+	defer unix.Close(fd)
+	for {
+		ms := int(time.Until(deadline).Milliseconds())
+		if ms <= 0 {
+			return false
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, ms)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n == 0 {
+			return false
+		}
+		if pfd[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0 && pfd[0].Revents&unix.POLLIN == 0 {
+			return false
+		}
+		var buf [64]byte
+		m, err := unix.Read(fd, buf[:])
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err == nil && m > 0 && len(strings.Fields(string(buf[:m]))) > 0
+	}
 }

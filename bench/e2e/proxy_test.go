@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"k8s.io/apimachinery/pkg/watch"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -66,6 +67,7 @@ func startProxy(dir string, node *netns.NS, nodeName, kubeconfig string, bins bi
 			"--cluster-cidr", clusterCIDRs,
 			"--metrics-bind-address", "127.0.0.1:10249",
 		}
+		args = append(args, strings.Fields(*flagDSArgs)...)
 	case "kube-proxy":
 		cfg := filepath.Join(dir, "kube-proxy.yaml")
 		// conntrack sysctls are left alone (0): nf_conntrack_max is read-only
@@ -372,100 +374,159 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 		}
 	}
 	cpu0, _, _ := p.stats()
-	var lat []time.Duration
+	var lat, proxyLat []time.Duration
 	for c := range p.changes() {
 		fi := c % 2
 		k := 1 - ld.probeAt[fi]
 		ctx, cancel := context.WithTimeout(p.ctx, *flagChangeTO)
+		// The probe runs from before the update: the proxy may program the
+		// change before the API call returns.
+		type res struct {
+			at  time.Time
+			err error
+		}
+		ch := make(chan res, 1)
+		go func() {
+			at, err := poll{dst: netip.AddrPortFrom(ld.probe[fi], svcPort), timeout: 100 * time.Millisecond,
+				interval: time.Millisecond, done: reaches(fmt.Sprintf("p%d", k))}.run(ctx, nd.client)
+			ch <- res{at, err}
+		}()
 		t0 := time.Now()
 		if err := ld.setProbe(ctx, fi, k); err != nil {
 			cancel()
+			<-ch
 			return failed(t, p, r, err, "update slice")
 		}
 		ld.probeAt[fi] = k
-		at, err := poll{dst: netip.AddrPortFrom(ld.probe[fi], svcPort), timeout: 100 * time.Millisecond,
-			interval: time.Millisecond, done: reaches(fmt.Sprintf("p%d", k))}.run(ctx, nd.client)
+		pr := <-ch
 		cancel()
+		at, err := pr.at, pr.err
 		if err != nil {
 			return partial(t, p, r, lat, cpu0, err, p.changes())
 		}
 		lat = append(lat, at.Sub(t0))
+		ev, err := ld.events.first("EndpointSlice", sliceName("probe", fams[fi]), watch.Modified, t0)
+		if err != nil {
+			return partial(t, p, r, lat, cpu0, err, p.changes())
+		}
+		proxyLat = append(proxyLat, max(at.Sub(ev), 0))
 		time.Sleep(*flagGap)
 	}
+	r.setProxyLatencies(proxyLat)
 	return finish(p, r, lat, cpu0)
 }
 
 // serviceAddDelete: W3. A ClusterIP Service with 10 real endpoints per
 // family is created (Service, then its two slices) until both ClusterIPs
 // answer, then deleted until both stop answering (two failed connections in
-// a row, so that one lost SYN is not taken for the deletion).
+// a row, so that one lost SYN is not taken for the deletion). The probes
+// start before the API calls that make the change (for an add: once the
+// Service exists, so its ClusterIPs are known, before its slices are created),
+// since a proxy may program the change before the last call returns. Each
+// change is also measured from the watch event it needs (the later of the
+// Service's and the family's slice's for an add, the Service's deletion for
+// a delete).
 func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) []Row {
 	cpu0, _, _ := p.stats()
-	var addLat, delLat []time.Duration
-	// Each change (an add or a delete, both families) has its own cap.
-	var ctx context.Context
-	both := func(ips [2]netip.Addr, pl poll, t0 time.Time) ([]time.Duration, error) {
+	var addLat, delLat, addProxy, delProxy []time.Duration
+	// change starts wait for both families, runs act, and collects: wait
+	// returns when family fi saw the change, needed the watch event it
+	// depends on.
+	change := func(ctx context.Context, t0 time.Time, act func() error, wait func(ctx context.Context, fi int) (time.Time, error),
+		needed func(fi int) (time.Time, error), lat, proxy *[]time.Duration) (actErr, err error) {
 		type res struct {
 			at  time.Time
 			err error
 		}
-		ch := make(chan res, 2)
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		var ch [2]chan res
 		for fi := range fams {
-			pl := pl
-			pl.dst = netip.AddrPortFrom(ips[fi], svcPort)
+			ch[fi] = make(chan res, 1)
 			go func() {
-				at, err := pl.run(ctx, nd.client)
-				ch <- res{at, err}
+				at, err := wait(ctx, fi)
+				ch[fi] <- res{at, err}
 			}()
 		}
-		var out []time.Duration
-		var errs []error
-		for range fams {
-			r := <-ch
-			if r.err != nil {
-				errs = append(errs, r.err)
-				continue
+		if actErr = act(); actErr != nil {
+			cancel(actErr)
+			for fi := range fams {
+				<-ch[fi]
 			}
-			out = append(out, r.at.Sub(t0))
+			return actErr, nil
 		}
-		return out, errors.Join(errs...)
+		var errs []error
+		for fi := range fams {
+			r := <-ch[fi]
+			if r.err == nil {
+				var ev time.Time
+				if ev, r.err = needed(fi); r.err == nil {
+					*lat = append(*lat, r.at.Sub(t0))
+					*proxy = append(*proxy, max(r.at.Sub(ev), 0))
+				}
+			}
+			errs = append(errs, r.err)
+		}
+		return nil, errors.Join(errs...)
+	}
+	rows := func(errAdd, errDel error) []Row {
+		a, d := finish(p, add, addLat, cpu0), finish(p, del, delLat, cpu0)
+		if errAdd != nil {
+			a = partial(t, p, add, addLat, cpu0, errAdd, 2*p.pairs())
+		}
+		if errDel != nil {
+			d = partial(t, p, del, delLat, cpu0, errDel, 2*p.pairs())
+		}
+		a.setProxyLatencies(addProxy)
+		d.setProxyLatencies(delProxy)
+		d.CPU = -1 // the CPU column of W3 covers adds and deletes together
+		return []Row{a, d}
 	}
 	for range p.pairs() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(p.ctx, *flagChangeTO)
-		defer cancel()
+		ctx, cancel := context.WithTimeout(p.ctx, *flagChangeTO)
 		name := fmt.Sprintf("w3-%d", ld.nextW3())
 		t0 := time.Now()
 		ips, err := ld.createService(ctx, name, "ClusterIP")
-		if err == nil {
-			err = ld.createSlices(ctx, name)
-		}
 		if err != nil {
+			cancel()
 			return []Row{failed(t, p, add, err, "create"), skipped(del)}
 		}
-		d, err := both(ips, poll{timeout: 100 * time.Millisecond, interval: time.Millisecond, done: answers}, t0)
-		if err != nil {
-			return []Row{partial(t, p, add, addLat, cpu0, err, 2*p.pairs()), partial(t, p, del, delLat, cpu0, err, 2*p.pairs())}
+		actErr, err := change(ctx, t0, func() error { return ld.createSlices(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
+			return firstAnswer(ctx, nd.client, netip.AddrPortFrom(ips[fi], svcPort), time.Millisecond, 100*time.Millisecond)
+		}, func(fi int) (time.Time, error) {
+			s, err := ld.events.first("Service", name, watch.Added, t0)
+			if err != nil {
+				return s, err
+			}
+			es, err := ld.events.first("EndpointSlice", sliceName(name, fams[fi]), watch.Added, t0)
+			return latest(s, es), err
+		}, &addLat, &addProxy)
+		cancel()
+		if actErr != nil {
+			return []Row{failed(t, p, add, actErr, "create"), skipped(del)}
 		}
-		addLat = append(addLat, d...)
+		if err != nil {
+			return rows(err, err)
+		}
 		time.Sleep(*flagGap)
 		ctx, cancel = context.WithTimeout(p.ctx, *flagChangeTO)
-		defer cancel()
 		t0 = time.Now()
-		if err := ld.deleteService(ctx, name); err != nil {
-			return []Row{failed(t, p, add, err, "delete"), skipped(del)}
+		actErr, err = change(ctx, t0, func() error { return ld.deleteService(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
+			return poll{dst: netip.AddrPortFrom(ips[fi], svcPort), timeout: 200 * time.Millisecond, interval: time.Millisecond,
+				done: fails, confirm: 2}.run(ctx, nd.client)
+		}, func(int) (time.Time, error) {
+			return ld.events.first("Service", name, watch.Deleted, t0)
+		}, &delLat, &delProxy)
+		cancel()
+		if actErr != nil {
+			return []Row{failed(t, p, add, actErr, "delete"), skipped(del)}
 		}
-		d, err = both(ips, poll{timeout: 200 * time.Millisecond, interval: time.Millisecond, done: fails, confirm: 2}, t0)
 		if err != nil {
-			return []Row{finish(p, add, addLat, cpu0), partial(t, p, del, delLat, cpu0, err, 2*p.pairs())}
+			return rows(nil, err)
 		}
-		delLat = append(delLat, d...)
 		time.Sleep(*flagGap)
 	}
-	a := finish(p, add, addLat, cpu0)
-	d := finish(p, del, delLat, cpu0)
-	d.CPU = -1 // the CPU column of W3 covers adds and deletes together
-	return []Row{a, d}
+	return rows(nil, nil)
 }
 
 // connectRows: W4, first-packet latency. With targets nil: direct to pod p0

@@ -35,9 +35,14 @@ type Row struct {
 	Max      float64 `json:"max_seconds"`
 	// CPU is the proxy's user+system CPU (with waited-for children) during
 	// the workload, -1 when not measured; RSSMiB its peak RSS (VmHWM) so far.
-	CPU    float64 `json:"cpu_seconds"`
-	RSSMiB float64 `json:"peak_rss_mib"`
-	Status string  `json:"status"` // "ok", "not finished after …" or "error: …"
+	// ProxyP50 and ProxyP99 (W2, W3) are the same changes measured from the
+	// moment the benchmark's own watch saw the API server's event: the proxy's
+	// share of the latency (watch event → kernel). Absent for other rows.
+	ProxyP50 *float64 `json:"proxy_p50_seconds,omitempty"`
+	ProxyP99 *float64 `json:"proxy_p99_seconds,omitempty"`
+	CPU      float64  `json:"cpu_seconds"`
+	RSSMiB   float64  `json:"peak_rss_mib"`
+	Status   string   `json:"status"` // "ok", "not finished after …" or "error: …"
 	// LoadAvg is /proc/loadavg (1, 5, 15 min) at the end of the workload.
 	LoadAvg string `json:"loadavg"`
 	// Ratios are dsproxy's figure divided by this row's (kube-proxy rows
@@ -61,6 +66,16 @@ func (r *Row) setLatencies(d []time.Duration) {
 		return s[max(0, min(i, len(s)-1))].Seconds()
 	}
 	r.P50, r.P99, r.Max = q(0.50), q(0.99), s[len(s)-1].Seconds()
+}
+
+// setProxyLatencies sets ProxyP50 and ProxyP99 from d (nothing when empty).
+func (r *Row) setProxyLatencies(d []time.Duration) {
+	if len(d) == 0 {
+		return
+	}
+	var q Row
+	q.setLatencies(d)
+	r.ProxyP50, r.ProxyP99 = &q.P50, &q.P99
 }
 
 func (r Row) ok() bool { return strings.HasPrefix(r.Status, "ok") && r.Samples > 0 }
@@ -191,7 +206,7 @@ func fmtRatio(v *float64, unfinished bool) string {
 func (rep *report) table(rows []Row) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "proxy\tmode\tworkload\tservices\tn\tp50\tp99\tCPU\tpeak RSS\tdsproxy/this p50\tp99\tCPU\tRSS\tstatus")
+	fmt.Fprintln(w, "proxy\tmode\tworkload\tservices\tn\tp50\tp99\tevent→kernel p50 / p99\tCPU\tpeak RSS\tdsproxy/this p50\tp99\tCPU\tRSS\tstatus")
 	for _, r := range rows {
 		cpu, rss := "-", "-"
 		if r.CPU >= 0 {
@@ -210,8 +225,12 @@ func (rep *report) table(rows []Row) string {
 			}
 			p50, p99 = "> "+limit.String(), "> "+limit.String()
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			r.Proxy, r.Mode, r.Workload, r.Services, r.Samples, p50, p99, cpu, rss,
+		proxy := "-"
+		if r.ProxyP50 != nil && r.ProxyP99 != nil {
+			proxy = fmtDur(*r.ProxyP50) + " / " + fmtDur(*r.ProxyP99)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			r.Proxy, r.Mode, r.Workload, r.Services, r.Samples, p50, p99, proxy, cpu, rss,
 			fmtRatio(r.RatioP50, unfinished), fmtRatio(r.RatioP99, unfinished),
 			fmtRatio(r.RatioCPU, false), fmtRatio(r.RatioRSS, false), r.Status)
 	}
