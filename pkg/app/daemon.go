@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"runtime"
@@ -156,7 +157,7 @@ func (d *Daemon) Proxier(f *family.Family) *proxier.Proxier { return d.proxiers[
 // whose endpoints were not listed yet), then runs both families until ctx is done.
 // Stopping leaves the rules in place: a restarted dsproxy takes over from them.
 func (d *Daemon) Run(ctx context.Context) error {
-	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics))
+	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics, d.cfg.ProxyMode, d.cfg.EnableProfiling))
 	go serveHTTP(ctx, "healthz", d.cfg.HealthzBindAddress, d.health.Handler())
 	defer d.svcHC.Close()
 	go d.relaxGCUntilProgrammed(ctx)
@@ -211,12 +212,25 @@ func (h *handler) OnNodeDelete(n *v1.Node) {
 	h.MetaProxier.OnNodeDelete(n)
 }
 
-// metricsMux serves /metrics, plus /healthz answering ok as kube-proxy's metrics
-// server does.
-func metricsMux(m *metrics.Metrics) http.Handler {
+// metricsMux is kube-proxy's metrics server: /metrics, /healthz answering ok,
+// /proxyMode naming the mode, and with profiling the Go profiles under
+// /debug/pprof/.
+func metricsMux(m *metrics.Metrics, mode config.ProxyMode, profiling bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = fmt.Fprint(w, mode)
+	})
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 
