@@ -154,6 +154,21 @@ func (c *Cache) Checkout(m model.EndpointsMap, full bool) map[types.NamespacedNa
 // in name order so that the result never depends on map order. An address and port
 // listed twice keeps the non-terminating copy, as kube-proxy does.
 func merge(svc types.NamespacedName, bySlice map[string]*Slice) map[model.ServicePortName][]model.Endpoint {
+	if len(bySlice) == 1 {
+		for _, s := range bySlice {
+			if len(s.Ports) == 1 && !hasDuplicates(s.Endpoints) {
+				// Already the merged list (see Slice.Endpoints): shared, not copied.
+				// Lists in an EndpointsMap are never modified.
+				p := s.Ports[0]
+				if len(s.Endpoints) == 0 {
+					return map[model.ServicePortName][]model.Endpoint{}
+				}
+				return map[model.ServicePortName][]model.Endpoint{
+					{NamespacedName: svc, Port: p.Name, Protocol: p.Protocol}: s.Endpoints,
+				}
+			}
+		}
+	}
 	names := make([]string, 0, len(bySlice))
 	for n := range bySlice {
 		names = append(names, n)
@@ -188,6 +203,16 @@ func appendEndpoints(dst, src []model.Endpoint, port uint16) []model.Endpoint {
 		dst = append(dst, e)
 	}
 	return dst
+}
+
+// hasDuplicates reports whether a sorted list has an address and port twice.
+func hasDuplicates(eps []model.Endpoint) bool {
+	for i := 1; i < len(eps); i++ {
+		if eps[i].Addr == eps[i-1].Addr && eps[i].Port == eps[i-1].Port {
+			return true
+		}
+	}
+	return false
 }
 
 // dedupe keeps one endpoint per address and port in a sorted list: the last

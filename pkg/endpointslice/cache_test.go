@@ -71,6 +71,31 @@ func TestCacheMerge(t *testing.T) {
 				return []step{{update: slice(f, "b", 80, 3, 1)}, {update: slice(f, "a", 80, 2)}}
 			},
 			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80 2:80 3:80"}, changed: true},
+		{name: "one slice, unsorted, is merged sorted",
+			steps: func(f *family.Family) []step {
+				return []step{{update: slice(f, "a", 80, 3, 1, 2)}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80 2:80 3:80"}, changed: true},
+		{name: "duplicate within one slice keeps the non-terminating copy",
+			steps: func(f *family.Family) []step {
+				a := slice(f, "a", 80, 2, 1, 1)
+				a.Endpoints[1].Conditions.Terminating = ptr.To(true)
+				return []step{{update: a}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80 2:80"}, changed: true},
+		{name: "duplicate within one slice, both terminating, keeps one",
+			steps: func(f *family.Family) []step {
+				a := slice(f, "a", 80, 1, 1)
+				a.Endpoints[0].Conditions.Terminating = ptr.To(true)
+				a.Endpoints[1].Conditions.Terminating = ptr.To(true)
+				return []step{{update: a}}
+			},
+			want: map[model.ServicePortName]string{spn("http", v1.ProtocolTCP): "1:80T"}, changed: true},
+		{name: "one slice without endpoints has no port",
+			steps: func(f *family.Family) []step {
+				return []step{{update: slice(f, "a", 80)}}
+			},
+			want: map[model.ServicePortName]string{}, changed: true},
 		{name: "duplicate across slices keeps the non-terminating copy",
 			steps: func(f *family.Family) []step {
 				a := slice(f, "a", 80, 1)
@@ -183,6 +208,33 @@ func TestCacheMerge(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A Service with one single-port slice uses the parsed list as its merged one
+// (no copy per Service); a second slice makes a list of its own, and the first
+// slice's list is left as it was.
+func TestCacheSharesSingleSliceList(t *testing.T) {
+	f := family.IPv4
+	c := NewCache(f, "node-a")
+	c.Update(slice(f, "a", 80, 2, 1))
+	m := model.EndpointsMap{}
+	c.Checkout(m, false)
+	key := spn("http", v1.ProtocolTCP)
+	parsed := c.byService[webNN].slices["a"].Endpoints
+	if got := m[key]; len(got) != 2 || &got[0] != &parsed[0] {
+		t.Fatalf("merged list %v is not the parsed slice's %v", got, parsed)
+	}
+	c.Update(slice(f, "b", 80, 0))
+	c.Checkout(m, false)
+	if got := endpointsString(f, m[key]); got != "0:80 1:80 2:80" {
+		t.Fatalf("two slices: %q", got)
+	}
+	if &m[key][0] == &parsed[0] {
+		t.Fatal("merging two slices wrote into the first slice's list")
+	}
+	if got := endpointsString(f, parsed); got != "1:80 2:80" {
+		t.Fatalf("first slice's list changed to %q", got)
 	}
 }
 

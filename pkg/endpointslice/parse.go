@@ -27,8 +27,12 @@ const (
 type Slice struct {
 	Service   types.NamespacedName
 	Name      string
-	Ports     []Port
-	Endpoints []model.Endpoint // Port is 0 here; it comes from Ports when merged
+	Ports []Port
+	// Endpoints have Port 0, which comes from Ports when merged; except in a slice
+	// with exactly one port (nearly all of them), whose endpoints carry that port
+	// and are sorted as a merged list is, so that a Service with one such slice
+	// can use the list as its merged one without a copy.
+	Endpoints []model.Endpoint
 }
 
 // Port is one named port of a slice.
@@ -64,6 +68,12 @@ func Parse(f *family.Family, es *discovery.EndpointSlice, nodeName string) (*Sli
 	var skips []*model.SkipError
 	s.Ports, skips = parsePorts(es, obj, skips)
 	s.Endpoints, skips = parseEndpoints(f, es, nodeName, obj, skips)
+	if len(s.Ports) == 1 {
+		for i := range s.Endpoints {
+			s.Endpoints[i].Port = s.Ports[0].Port
+		}
+		slices.SortStableFunc(s.Endpoints, model.CompareEndpoints)
+	}
 	return s, skips, nil
 }
 
