@@ -88,6 +88,10 @@ func (s *State) updateService(nn types.NamespacedName, ports []*ServicePort, eps
 		if old := s.Ports[sp.Name]; !ps.Equal(old) {
 			out = append(out, sp.Name)
 			s.Previous[sp.Name] = old
+		} else {
+			// Unchanged: keep the state the backends were programmed from, so
+			// that they and the model hold one copy.
+			ps = old
 		}
 		s.Ports[sp.Name] = ps
 		names = append(names, sp.Name)

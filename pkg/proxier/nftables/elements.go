@@ -64,6 +64,8 @@ type portBuilder struct {
 	out   []contrib
 	rec   *portRecord
 	used  [2]bool
+	// replay: rec's slots are the ones to use, not to reassign.
+	replay bool
 	// data holds the @endpoints data (epaddr . epport) of each list's slots,
 	// shared by every frontend that uses the list.
 	data [2][]string
@@ -84,7 +86,9 @@ func (b *portBuilder) list(local bool) ([]netip.AddrPort, []string) {
 			eps = b.ps.Local
 		}
 		b.used[l] = true
-		b.rec.slots[l] = assignSlots(b.rec.slots[l], eps)
+		if !b.replay {
+			b.rec.slots[l] = assignSlots(b.rec.slots[l], eps)
+		}
 		b.data[l] = epData(b.rec.slots[l])
 	}
 	return b.rec.slots[l], b.data[l]
@@ -151,25 +155,48 @@ func (b *portBuilder) frontend(k kind, key string, local bool) {
 	}
 }
 
-// portContribs computes what ps needs in the sets, updating rec.slots. A port with
-// a protocol the kernel rules can't match contributes nothing.
+// portContribs computes what ps needs in the sets, assigning rec's slots and
+// recording ps and the node config in rec. A port with a protocol the kernel rules
+// can't match contributes nothing.
 func (c *cache) portContribs(ps *model.PortState, rec *portRecord) []contrib {
-	b := &portBuilder{ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds, rec: rec}
-	b.out = make([]contrib, 0, contribsHint(ps))
-	if b.proto == 0 || !c.x.f.Contains(ps.ClusterIP) {
-		rec.slots = [2][]netip.AddrPort{}
+	rec.ps, rec.node = ps, c.node
+	return c.contribs(rec, false)
+}
+
+// recorded computes again what rec's port contributed when it was last set: the
+// same state, node config and slots give the same elements.
+func (c *cache) recorded(rec *portRecord) []contrib {
+	return c.contribs(rec, true)
+}
+
+// contribs computes the contributions of rec.ps with the node config rec.node.
+// Unless replay is set it first (re)assigns rec's slots; with replay the slots are
+// used as they are.
+func (c *cache) contribs(rec *portRecord, replay bool) []contrib {
+	ps := rec.ps
+	if ps == nil {
 		return nil
 	}
+	b := &portBuilder{ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds, rec: rec, replay: replay}
+	if b.proto == 0 || !c.x.f.Contains(ps.ClusterIP) {
+		if !replay {
+			rec.slots = [2][]netip.AddrPort{}
+		}
+		return nil
+	}
+	b.out = make([]contrib, 0, contribsHint(ps))
 	b.add(fixedKey(setClusterIPs), string(nft.AddrBytes(ps.ClusterIP)), "")
 	b.clusterIP()
 	if ps.ExternallyAccessible() {
 		b.external()
 	}
-	b.firewall(c.node)
+	b.firewall(rec.node)
 	b.hairpin()
-	for l := range b.used {
-		if !b.used[l] {
-			rec.slots[l] = nil
+	if !replay {
+		for l := range b.used {
+			if !b.used[l] {
+				rec.slots[l] = nil
+			}
 		}
 	}
 	return b.out

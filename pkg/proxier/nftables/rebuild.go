@@ -45,7 +45,7 @@ func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs
 // fill loads req into a new cache: the node config, then every port in name order
 // (so owner ids and the element order are deterministic). It computes every port's
 // contributions first and sizes each set's map and pending list from their counts,
-// so the maps never grow and rehash.
+// so the maps never grow and rehash. The contributions are dropped once added.
 func (c *cache) fill(req *proxier.SyncRequest) {
 	c.fresh = true
 	c.setNode(req.Node)
@@ -56,6 +56,7 @@ func (c *cache) fill(req *proxier.SyncRequest) {
 	slices.SortFunc(names, model.ServicePortName.Compare)
 	c.ports = make(map[model.ServicePortName]*portRecord, len(names))
 	recs := make([]portRecord, len(names))
+	contribs := make([][]contrib, len(names))
 	counts := map[setKey]int{}
 	var last setKey
 	run := 0
@@ -64,9 +65,9 @@ func (c *cache) fill(req *proxier.SyncRequest) {
 		rec.id = c.nextID
 		c.nextID++
 		c.ports[n] = rec
-		rec.contribs = c.portContribs(req.State.Ports[n], rec)
-		for j := range rec.contribs {
-			if k := rec.contribs[j].set; k != last || run == 0 {
+		contribs[i] = c.portContribs(req.State.Ports[n], rec)
+		for j := range contribs[i] {
+			if k := contribs[i][j].set; k != last || run == 0 {
 				if run > 0 {
 					counts[last] += run
 				}
@@ -86,9 +87,10 @@ func (c *cache) fill(req *proxier.SyncRequest) {
 		s.pending = slices.Grow(s.pending, n)
 	}
 	for i := range recs {
-		for _, ct := range recs[i].contribs {
+		for _, ct := range contribs[i] {
 			c.addOwner(recs[i].id, ct)
 		}
+		contribs[i] = nil
 	}
 }
 

@@ -1,0 +1,95 @@
+package nftables
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/dsproxy/dsproxy/internal/testaddr"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+)
+
+// An element keeps its owners ordered by id whatever the order they come and go
+// in; the lowest is the effective one, and removing the last one reports it.
+func TestElementOwners(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for round := range 200 {
+		n := 1 + r.IntN(6)
+		ids := r.Perm(n)
+		owners := make([]owner, n)
+		for i, id := range ids {
+			owners[i] = owner{id: uint32(id + 1), data: string(rune('a' + id))}
+		}
+		e := element{first: owners[0]}
+		for _, o := range owners[1:] {
+			e.insert(o)
+		}
+		check := func(want []owner) {
+			t.Helper()
+			sorted := slices.SortedFunc(slices.Values(want), func(a, b owner) int { return cmpU32(a.id, b.id) })
+			got := append([]owner{e.first}, e.others()...)
+			if !slices.Equal(got, sorted) {
+				t.Fatalf("round %d: owners %v, want %v", round, got, sorted)
+			}
+			if e.effective() != sorted[0].data {
+				t.Fatalf("round %d: effective %q, want %q", round, e.effective(), sorted[0].data)
+			}
+			if len(want) == 1 && e.more != nil {
+				t.Fatalf("round %d: one owner left but more is %v", round, *e.more)
+			}
+		}
+		check(owners)
+		left := slices.Clone(owners)
+		for _, i := range r.Perm(n) {
+			o := owners[i]
+			stillOwned := e.remove(o)
+			left = slices.DeleteFunc(left, func(x owner) bool { return x == o })
+			if stillOwned != (len(left) > 0) {
+				t.Fatalf("round %d: remove(%v) = %v with %d owners left", round, o, stillOwned, len(left))
+			}
+			if len(left) > 0 {
+				check(left)
+			}
+		}
+	}
+}
+
+// A port's elements are not stored but computed again when it changes, from the
+// state and node config it was programmed with. A loadBalancerSourceRange that
+// holds the node IP adds the VIPs as allowed sources; when the node IP then moves
+// out of the range without the port changing, deleting the port must still remove
+// the elements the old node IP made, leaving what the port deleted under the new node IP leaves.
+func TestPortRemovalAfterNodeChange(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t, f)
+			sp := svc(f, "lb", 1, 80, tcp, lbVIP(1), lbVIP(2))
+			sp.SourceRanges = []netip.Prefix{netip.PrefixFrom(testaddr.Node(f, 1), f.BitLen)}
+			name := e.put(sp, ep(f, 1, 8080, false))
+			e.sync(false, name)
+			other := newEnv(t, f)
+			other.node.NodeIP = testaddr.Node(f, 2)
+			other.put(sp, ep(f, 1, 8080, false))
+			other.sync(false, name)
+			if e.fake.Dump(f) == other.fake.Dump(f) {
+				t.Fatal("the node IP in the source range adds no elements: the test checks nothing")
+			}
+			e.node.NodeIP = testaddr.Node(f, 2)
+			if _, err := e.b.Sync(t.Context(), &proxier.SyncRequest{State: e.state, Node: e.node, NodeChanged: true}); err != nil {
+				t.Fatal(err)
+			}
+			e.del(name)
+			e.sync(false, name)
+
+			// The same port deleted under the new node IP all along: the same
+			// sets and chains, and none of the old node IP's elements.
+			other.del(name)
+			other.sync(false, name)
+			if got, want := e.fake.Dump(f), other.fake.Dump(f); got != want {
+				t.Errorf("after deleting the port:\n%s\nwant:\n%s", got, want)
+			}
+		})
+	}
+}
