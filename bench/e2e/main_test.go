@@ -47,6 +47,7 @@ var (
 	flagOut       = flag.String("out", "out", "directory for results.json, results.txt and results.png")
 	flagMerge     = flag.String("merge", "", "results.json of an earlier run: its rows for sizes not measured now are added to the table, JSON and plot (marked in the status)")
 	flagDSArgs    = flag.String("dsproxy-args", "", "extra dsproxy arguments, space-separated (e.g. \"-v=2\" to log every sync)")
+	flagProfiles  = flag.String("profiles", "", "directory for a heap profile of dsproxy once programmed (W1), per size; runs dsproxy with --profiling")
 	flagBin       = flag.String("dsproxy-bin", "", "prebuilt dsproxy binary (default: go build ./cmd/dsproxy)")
 )
 

@@ -68,6 +68,9 @@ func startProxy(dir string, node *netns.NS, nodeName, kubeconfig string, bins bi
 			"--metrics-bind-address", "127.0.0.1:10249",
 		}
 		args = append(args, strings.Fields(*flagDSArgs)...)
+		if *flagProfiles != "" {
+			args = append(args, "--profiling")
+		}
 	case "kube-proxy":
 		cfg := filepath.Join(dir, "kube-proxy.yaml")
 		// conntrack sysctls are left alone (0): nf_conntrack_max is read-only
@@ -287,6 +290,16 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 		return append(rows, w1)
 	}
 	rows = append(rows, w1)
+	if *flagProfiles != "" && spec.Name == "dsproxy" {
+		// The live heap once programmed (after a GC), with what was allocated
+		// on the way (-sample_index=alloc_space).
+		file := filepath.Join(*flagProfiles, fmt.Sprintf("dsproxy-heap-%d.pprof", n))
+		if out, err := netns.Exec(nd.c.Node, "curl", "-sSf", "-o", file, "http://127.0.0.1:10249/debug/pprof/heap?gc=1"); err != nil {
+			t.Errorf("heap profile: %v: %s", err, out)
+		} else {
+			t.Logf("heap profile of the programmed proxy: %s", file)
+		}
+	}
 
 	rows = append(rows, endpointChanges(t, p, nd, ld, row("W2 endpoint change")))
 	rows = append(rows, serviceAddDelete(t, p, nd, ld, row("W3 service add"), row("W3 service delete"))...)

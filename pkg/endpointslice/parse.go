@@ -25,9 +25,9 @@ const (
 
 // Slice is the part of an EndpointSlice a proxy uses, validated for one family.
 type Slice struct {
-	Service   types.NamespacedName
-	Name      string
-	Ports []Port
+	Service types.NamespacedName
+	Name    string
+	Ports   []Port
 	// Endpoints have Port 0, which comes from Ports when merged; except in a slice
 	// with exactly one port (nearly all of them), whose endpoints carry that port
 	// and are sorted as a merged list is, so that a Service with one such slice
