@@ -22,6 +22,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
@@ -103,10 +104,12 @@ type node struct {
 	probe int // index of the Service whose endpoints are the probe pods
 }
 
-// kernelObjects is a workload's API objects.
+// kernelObjects is a workload's API objects. The cold start ingests each slice,
+// as the informers' transform does, and then keeps only the ingested one.
 type kernelObjects struct {
 	svcs   []*v1.Service
 	slices map[*family.Family][]*discovery.EndpointSlice
+	objs   map[*family.Family][]*endpointslice.Object
 }
 
 // nodePortEvery keeps the NodePort Services of an n-Service workload within the
@@ -125,7 +128,7 @@ func (w Workload) clusterIPService(i int) *v1.Service {
 }
 
 func generateKernel(w Workload, probe int, pods []*netns.NS) kernelObjects {
-	o := kernelObjects{slices: map[*family.Family][]*discovery.EndpointSlice{}}
+	o := kernelObjects{slices: map[*family.Family][]*discovery.EndpointSlice{}, objs: map[*family.Family][]*endpointslice.Object{}}
 	for i := range w.Services {
 		o.svcs = append(o.svcs, w.Service(i))
 		for _, f := range family.All {
@@ -138,6 +141,7 @@ func generateKernel(w Workload, probe int, pods []*netns.NS) kernelObjects {
 				}
 			}
 			o.slices[f] = append(o.slices[f], es)
+			o.objs[f] = append(o.objs[f], nil)
 		}
 	}
 	return o
@@ -229,7 +233,9 @@ func (n *node) coldStart(ctx context.Context) (coldStart, error) {
 			fp.p.OnServiceAdd(s)
 		}
 		for _, fp := range n.fams {
-			fp.p.OnEndpointSliceAdd(n.o.slices[fp.f][i])
+			obj := endpointslice.Ingest(n.o.slices[fp.f][i], benchNodeName)
+			n.o.objs[fp.f][i], n.o.slices[fp.f][i] = obj, nil
+			fp.p.OnEndpointSliceAdd(obj)
 		}
 	}
 	cs.feed = time.Since(start)
@@ -324,8 +330,8 @@ func (n *node) endpointChurn(ctx context.Context, changes int, rnd func(int) int
 		}
 		for _, step := range []int{n.w.EndpointsPerFamily + 1, n.w.EndpointsPerFamily} {
 			for _, fp := range n.fams {
-				old := n.o.slices[fp.f][i]
-				fp.p.OnEndpointSliceUpdate(old, n.w.Slice(fp.f, i, step))
+				old := n.o.objs[fp.f][i]
+				fp.p.OnEndpointSliceUpdate(old, endpointslice.Ingest(n.w.Slice(fp.f, i, step), benchNodeName))
 			}
 			what := fmt.Sprintf("service %d to %d endpoints", i, step)
 			if err := n.record(ctx, ch, what); err != nil {
@@ -346,7 +352,7 @@ func (n *node) serviceChurn(ctx context.Context, pairs int) (add, del churn, err
 		n.reg.Update(s)
 		for _, fp := range n.fams {
 			fp.p.OnServiceAdd(s)
-			fp.p.OnEndpointSliceAdd(n.w.Slice(fp.f, i, n.w.EndpointsPerFamily))
+			fp.p.OnEndpointSliceAdd(endpointslice.Ingest(n.w.Slice(fp.f, i, n.w.EndpointsPerFamily), benchNodeName))
 		}
 		if err := n.record(ctx, add, fmt.Sprintf("add service %d", i)); err != nil {
 			return add, del, err
@@ -354,7 +360,7 @@ func (n *node) serviceChurn(ctx context.Context, pairs int) (add, del churn, err
 		n.reg.Delete(s)
 		for _, fp := range n.fams {
 			fp.p.OnServiceDelete(s)
-			fp.p.OnEndpointSliceDelete(n.w.Slice(fp.f, i, n.w.EndpointsPerFamily))
+			fp.p.OnEndpointSliceDelete(endpointslice.Ingest(n.w.Slice(fp.f, i, n.w.EndpointsPerFamily), benchNodeName))
 		}
 		if err := n.record(ctx, del, fmt.Sprintf("delete service %d", i)); err != nil {
 			return add, del, err

@@ -27,7 +27,7 @@ type familyModel struct {
 }
 
 func newFamilyModel(f *family.Family, node string) *familyModel {
-	return &familyModel{f: f, svcs: model.NewServiceTracker(f), eps: endpointslice.NewCache(f, node),
+	return &familyModel{f: f, svcs: model.NewServiceTracker(f), eps: endpointslice.NewCache(f),
 		sm: model.ServiceMap{}, em: model.EndpointsMap{}, state: model.NewState(), node: model.NodeInfo{Name: node}}
 }
 
@@ -69,7 +69,7 @@ func BenchmarkSnapshotToState(b *testing.B) {
 					m := newFamilyModel(f, w.NodeName)
 					for i, s := range o.svcs {
 						m.svcs.Update(nil, s)
-						m.eps.Update(o.slices[f][i])
+						m.eps.Update(endpointslice.Ingest(o.slices[f][i], m.node.Name))
 					}
 					if got := len(m.sync(true)); got != n {
 						b.Fatalf("%s: %d ports changed, want %d", f, got, n)
@@ -93,7 +93,7 @@ func BenchmarkOneEndpointUpdate(b *testing.B) {
 			m := newFamilyModel(f, w.NodeName)
 			for i, s := range o.svcs {
 				m.svcs.Update(nil, s)
-				m.eps.Update(o.slices[f][i])
+				m.eps.Update(endpointslice.Ingest(o.slices[f][i], m.node.Name))
 			}
 			m.sync(true)
 			target := n / 2
@@ -107,7 +107,7 @@ func BenchmarkOneEndpointUpdate(b *testing.B) {
 					es = shrunk
 				}
 				i++
-				m.eps.Update(es)
+				m.eps.Update(endpointslice.Ingest(es, m.node.Name))
 				if got := m.sync(false); len(got) != 1 || got[0] != want {
 					b.Fatalf("changed %v, want [%v]", got, want)
 				}
@@ -129,7 +129,7 @@ func BenchmarkOneServiceAddDelete(b *testing.B) {
 			m := newFamilyModel(f, w.NodeName)
 			for i := range n {
 				m.svcs.Update(nil, o.svcs[i])
-				m.eps.Update(o.slices[f][i])
+				m.eps.Update(endpointslice.Ingest(o.slices[f][i], m.node.Name))
 			}
 			m.sync(true)
 			s, es := o.svcs[n], o.slices[f][n]
@@ -137,7 +137,7 @@ func BenchmarkOneServiceAddDelete(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				m.svcs.Update(nil, s)
-				m.eps.Update(es)
+				m.eps.Update(endpointslice.Ingest(es, m.node.Name))
 				if got := m.sync(false); len(got) != 1 || got[0] != want {
 					b.Fatalf("add: changed %v, want [%v]", got, want)
 				}
@@ -145,7 +145,7 @@ func BenchmarkOneServiceAddDelete(b *testing.B) {
 					b.Fatalf("add: %v not in the state", want)
 				}
 				m.svcs.Update(s, nil)
-				m.eps.Delete(es)
+				m.eps.Delete(endpointslice.Ingest(es, m.node.Name))
 				if got := m.sync(false); len(got) != 1 || got[0] != want {
 					b.Fatalf("delete: changed %v, want [%v]", got, want)
 				}

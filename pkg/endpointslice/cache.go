@@ -4,7 +4,6 @@ import (
 	"slices"
 	"sync"
 
-	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -16,8 +15,7 @@ import (
 // any goroutine; Checkout, which applies what changed to an EndpointsMap, is called
 // by the one goroutine that owns that map.
 type Cache struct {
-	family   *family.Family
-	nodeName string
+	family *family.Family
 
 	mu        sync.Mutex
 	byService map[types.NamespacedName]*serviceSlices
@@ -33,41 +31,48 @@ type serviceSlices struct {
 	ports []model.ServicePortName
 }
 
-// NewCache returns an empty cache for family f. nodeName decides which endpoints are
-// local; it may be empty, in which case none is.
-func NewCache(f *family.Family, nodeName string) *Cache {
+// NewCache returns an empty cache for family f. Which endpoints are local was
+// decided by Ingest.
+func NewCache(f *family.Family) *Cache {
 	return &Cache{
 		family:    f,
-		nodeName:  nodeName,
 		byService: make(map[types.NamespacedName]*serviceSlices),
 		owner:     make(map[types.NamespacedName]types.NamespacedName),
 		dirty:     make(map[types.NamespacedName]bool),
 	}
 }
 
-// Update records a new or changed slice. It returns true when the slice changes what
-// the proxy would program, false for no-op updates and for slices that are skipped.
-// Skipped slices and skipped parts are logged with the reason; a slice that was usable
-// and becomes unusable is treated as deleted.
-func (c *Cache) Update(es *discovery.EndpointSlice) bool {
-	s, skips, err := Parse(c.family, es, c.nodeName)
-	for _, sk := range skips {
+// Update records a new or changed slice, as Ingest made it. It returns true when
+// the slice changes what the proxy would program, false for no-op updates and for
+// slices that are skipped. Skipped slices and skipped parts are logged with the
+// reason; a slice that was usable and becomes unusable is treated as deleted.
+func (c *Cache) Update(o *Object) bool {
+	if o == nil {
+		return false
+	}
+	for _, sk := range o.Skips {
 		klog.V(2).InfoS("Ignoring part of EndpointSlice", "ipFamily", c.family.Name, "reason", sk.Error())
+	}
+	err := o.Err
+	if err == nil && o.Family != c.family {
+		err = &model.SkipError{Object: "EndpointSlice " + o.Namespace + "/" + o.Name, Field: "addressType",
+			Reason: "is " + o.Family.Name + ", not " + c.family.Name}
 	}
 	if err != nil {
 		klog.V(2).InfoS("Ignoring EndpointSlice", "ipFamily", c.family.Name, "reason", err.Error())
-		if es != nil && es.Namespace != "" && es.Name != "" {
-			return c.remove(es.Namespace, es.Name)
+		if o.Namespace != "" && o.Name != "" {
+			return c.remove(o.Namespace, o.Name)
 		}
 		return false
 	}
+	s := o.Slice
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// A slice's service-name label can change; drop it from the old Service first.
 	changed := c.removeLocked(s.Service.Namespace, s.Name, s.Service)
 	ss := c.byService[s.Service]
 	if ss == nil {
-		ss = &serviceSlices{slices: make(map[string]*Slice)}
+		ss = &serviceSlices{slices: make(map[string]*Slice, 1)}
 		c.byService[s.Service] = ss
 	}
 	if old := ss.slices[s.Name]; old != nil && old.equal(s) {
@@ -80,11 +85,11 @@ func (c *Cache) Update(es *discovery.EndpointSlice) bool {
 }
 
 // Delete records that a slice is gone. It returns true when that changes anything.
-func (c *Cache) Delete(es *discovery.EndpointSlice) bool {
-	if es == nil {
+func (c *Cache) Delete(o *Object) bool {
+	if o == nil {
 		return false
 	}
-	return c.remove(es.Namespace, es.Name)
+	return c.remove(o.Namespace, o.Name)
 }
 
 func (c *Cache) remove(namespace, name string) bool {

@@ -179,14 +179,14 @@ func TestCacheMerge(t *testing.T) {
 	for _, f := range family.All {
 		for _, tc := range cases {
 			t.Run(f.Name+"/"+tc.name, func(t *testing.T) {
-				c := NewCache(f, "node-a")
+				c := NewCache(f)
 				m := model.EndpointsMap{}
 				var changed bool
 				for _, st := range tc.steps(f) {
 					if st.update != nil {
-						changed = c.Update(st.update)
+						changed = c.Update(Ingest(st.update, "node-a"))
 					} else {
-						changed = c.Delete(st.delete)
+						changed = c.Delete(Ingest(st.delete, "node-a"))
 					}
 					c.Checkout(m, false)
 				}
@@ -216,8 +216,8 @@ func TestCacheMerge(t *testing.T) {
 // slice's list is left as it was.
 func TestCacheSharesSingleSliceList(t *testing.T) {
 	f := family.IPv4
-	c := NewCache(f, "node-a")
-	c.Update(slice(f, "a", 80, 2, 1))
+	c := NewCache(f)
+	c.Update(Ingest(slice(f, "a", 80, 2, 1), "node-a"))
 	m := model.EndpointsMap{}
 	c.Checkout(m, false)
 	key := spn("http", v1.ProtocolTCP)
@@ -225,7 +225,7 @@ func TestCacheSharesSingleSliceList(t *testing.T) {
 	if got := m[key]; len(got) != 2 || &got[0] != &parsed[0] {
 		t.Fatalf("merged list %v is not the parsed slice's %v", got, parsed)
 	}
-	c.Update(slice(f, "b", 80, 0))
+	c.Update(Ingest(slice(f, "b", 80, 0), "node-a"))
 	c.Checkout(m, false)
 	if got := endpointsString(f, m[key]); got != "0:80 1:80 2:80" {
 		t.Fatalf("two slices: %q", got)

@@ -27,11 +27,11 @@ func FuzzIngest(f *testing.F) {
 			return
 		}
 		for _, fam := range family.All {
-			c := NewCache(fam, "node-a")
+			c := NewCache(fam)
 			m := model.EndpointsMap{}
-			c.Update(&es)
+			c.Update(Ingest(&es, "node-a"))
 			if op&1 == 1 {
-				c.Delete(&es)
+				c.Delete(Ingest(&es, "node-a"))
 			}
 			c.Checkout(m, false)
 			checkEndpointsMap(t, fam, m)

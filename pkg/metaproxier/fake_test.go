@@ -11,6 +11,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
@@ -81,11 +82,11 @@ func (r *recorder) OnNodeAdd(n *v1.Node)             { r.record("NodeAdd", n) }
 func (r *recorder) OnNodeUpdate(_, n *v1.Node)       { r.record("NodeUpdate", n) }
 func (r *recorder) OnNodeDelete(n *v1.Node)          { r.record("NodeDelete", n) }
 
-func (r *recorder) OnEndpointSliceAdd(s *discovery.EndpointSlice) { r.record("SliceAdd", s) }
-func (r *recorder) OnEndpointSliceUpdate(_, s *discovery.EndpointSlice) {
+func (r *recorder) OnEndpointSliceAdd(s *endpointslice.Object) { r.record("SliceAdd", s) }
+func (r *recorder) OnEndpointSliceUpdate(_, s *endpointslice.Object) {
 	r.record("SliceUpdate", s)
 }
-func (r *recorder) OnEndpointSliceDelete(s *discovery.EndpointSlice) { r.record("SliceDelete", s) }
+func (r *recorder) OnEndpointSliceDelete(s *endpointslice.Object) { r.record("SliceDelete", s) }
 
 func (r *recorder) OnServiceCIDRsChanged(cidrs []netip.Prefix) {
 	r.mu.Lock()
@@ -120,8 +121,10 @@ var _ FamilyProxier = (*recorder)(nil)
 
 func svc(name string) *v1.Service { return &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}} }
 func node(name string) *v1.Node   { return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}} }
-func slice(name string, t discovery.AddressType) *discovery.EndpointSlice {
-	return &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: name}, AddressType: t}
+// slice is an ingested slice of type t: unusable (no namespace), which the
+// routing must not care about.
+func slice(name string, t discovery.AddressType) *endpointslice.Object {
+	return endpointslice.Ingest(&discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: name}, AddressType: t}, "")
 }
 
 func prefixes(ss ...string) []netip.Prefix {

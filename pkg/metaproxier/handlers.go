@@ -2,10 +2,9 @@ package metaproxier
 
 import (
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 )
 
 // The Service and Node handlers deliver every event to every family, each call
@@ -43,7 +42,7 @@ func (m *MetaProxier) OnNodeDelete(node *v1.Node) {
 
 // OnEndpointSliceAdd delivers the slice to the family of its addressType; FQDN and
 // unknown types, and families this node does not proxy, are dropped.
-func (m *MetaProxier) OnEndpointSliceAdd(slice *discovery.EndpointSlice) {
+func (m *MetaProxier) OnEndpointSliceAdd(slice *endpointslice.Object) {
 	if mb := m.sliceMember(slice); mb != nil {
 		mb.call("OnEndpointSliceAdd", func(fp FamilyProxier) { fp.OnEndpointSliceAdd(slice) })
 	}
@@ -51,28 +50,28 @@ func (m *MetaProxier) OnEndpointSliceAdd(slice *discovery.EndpointSlice) {
 
 // OnEndpointSliceUpdate routes like OnEndpointSliceAdd, by cur (addressType is
 // immutable, so old has the same one).
-func (m *MetaProxier) OnEndpointSliceUpdate(old, cur *discovery.EndpointSlice) {
+func (m *MetaProxier) OnEndpointSliceUpdate(old, cur *endpointslice.Object) {
 	if mb := m.sliceMember(cur); mb != nil {
 		mb.call("OnEndpointSliceUpdate", func(fp FamilyProxier) { fp.OnEndpointSliceUpdate(old, cur) })
 	}
 }
 
 // OnEndpointSliceDelete routes like OnEndpointSliceAdd.
-func (m *MetaProxier) OnEndpointSliceDelete(slice *discovery.EndpointSlice) {
+func (m *MetaProxier) OnEndpointSliceDelete(slice *endpointslice.Object) {
 	if mb := m.sliceMember(slice); mb != nil {
 		mb.call("OnEndpointSliceDelete", func(fp FamilyProxier) { fp.OnEndpointSliceDelete(slice) })
 	}
 }
 
 // sliceMember returns the member that consumes slice, or nil (logged at V(4)).
-func (m *MetaProxier) sliceMember(slice *discovery.EndpointSlice) *member {
+func (m *MetaProxier) sliceMember(slice *endpointslice.Object) *member {
 	if slice == nil {
 		return nil
 	}
-	f := family.ForAddressType(slice.AddressType)
+	f := slice.Family
 	if f == nil {
 		klog.V(4).InfoS("Ignoring EndpointSlice with unsupported addressType",
-			"endpointSlice", klog.KObj(slice), "addressType", slice.AddressType)
+			"endpointSlice", klog.KObj(slice), "reason", slice.Err)
 		return nil
 	}
 	mb := m.member(f)

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
@@ -35,10 +35,10 @@ type FamilyProxier interface {
 	OnServiceDelete(svc *v1.Service)
 
 	// The EndpointSlice handlers receive only slices whose addressType is the
-	// proxier's family.
-	OnEndpointSliceAdd(slice *discovery.EndpointSlice)
-	OnEndpointSliceUpdate(old, cur *discovery.EndpointSlice)
-	OnEndpointSliceDelete(slice *discovery.EndpointSlice)
+	// proxier's family, ingested (parsed) once for every family.
+	OnEndpointSliceAdd(slice *endpointslice.Object)
+	OnEndpointSliceUpdate(old, cur *endpointslice.Object)
+	OnEndpointSliceDelete(slice *endpointslice.Object)
 
 	OnNodeAdd(node *v1.Node)
 	OnNodeUpdate(old, cur *v1.Node)

@@ -114,14 +114,14 @@ func TestSyncClearsStaleFlows(t *testing.T) {
 	es := endpointSlice(f, "dns", 1, 2)
 	es.Ports[0].Protocol = &svc.Spec.Ports[0].Protocol
 	p.OnServiceAdd(svc)
-	p.OnEndpointSliceAdd(es)
+	p.OnEndpointSliceAdd(ingest(es))
 	if err := p.Sync(context.Background(), false); err != nil {
 		t.Fatal(err)
 	}
 	calls := len(fake.Calls())
 	es2 := es.DeepCopy()
 	es2.Endpoints = es2.Endpoints[:1]
-	p.OnEndpointSliceUpdate(es, es2)
+	p.OnEndpointSliceUpdate(ingest(es), ingest(es2))
 	if err := p.Sync(context.Background(), false); err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -105,7 +104,7 @@ func New(cfg Config) (*Proxier, error) {
 	p := &Proxier{
 		cfg:      cfg,
 		services: model.NewServiceTracker(cfg.Family),
-		slices:   endpointslice.NewCache(cfg.Family, cfg.NodeName),
+		slices:   endpointslice.NewCache(cfg.Family),
 		nodeIP:   cfg.NodeIP,
 		svcMap:   model.ServiceMap{},
 		epMap:    model.EndpointsMap{},
@@ -180,23 +179,23 @@ type ChangeObserver interface {
 }
 
 // OnEndpointSliceAdd records a new slice of this family.
-func (p *Proxier) OnEndpointSliceAdd(es *discovery.EndpointSlice) { p.onSlice(es, false) }
+func (p *Proxier) OnEndpointSliceAdd(o *endpointslice.Object) { p.onSlice(o, false) }
 
 // OnEndpointSliceUpdate records a changed slice.
-func (p *Proxier) OnEndpointSliceUpdate(_, cur *discovery.EndpointSlice) { p.onSlice(cur, false) }
+func (p *Proxier) OnEndpointSliceUpdate(_, cur *endpointslice.Object) { p.onSlice(cur, false) }
 
 // OnEndpointSliceDelete records a deleted slice.
-func (p *Proxier) OnEndpointSliceDelete(es *discovery.EndpointSlice) { p.onSlice(es, true) }
+func (p *Proxier) OnEndpointSliceDelete(o *endpointslice.Object) { p.onSlice(o, true) }
 
-func (p *Proxier) onSlice(es *discovery.EndpointSlice, deleted bool) {
+func (p *Proxier) onSlice(o *endpointslice.Object, deleted bool) {
 	changed := false
 	if deleted {
-		changed = p.slices.Delete(es)
+		changed = p.slices.Delete(o)
 	} else {
-		changed = p.slices.Update(es)
+		changed = p.slices.Update(o)
 	}
 	if changed {
-		p.recordTrigger(es)
+		p.recordTrigger(o)
 		if o, ok := p.cfg.Observer.(ChangeObserver); ok {
 			o.AddEndpointChanges(1)
 			o.SetEndpointChangesPending(p.cfg.Family, p.slices.Pending())
@@ -206,18 +205,13 @@ func (p *Proxier) onSlice(es *discovery.EndpointSlice, deleted bool) {
 	}
 }
 
-// recordTrigger remembers when the controller saw the change behind es, for
+// recordTrigger remembers when the controller saw the change behind o, for
 // kubeproxy_network_programming_duration_seconds.
-func (p *Proxier) recordTrigger(es *discovery.EndpointSlice) {
-	v, ok := es.Annotations[v1.EndpointsLastChangeTriggerTime]
-	if !ok {
-		return // hand-made slices have none; parsing "" would allocate an error
+func (p *Proxier) recordTrigger(o *endpointslice.Object) {
+	if o == nil || o.Trigger.IsZero() || o.Slice == nil {
+		return // hand-made slices have no trigger time
 	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
-		return
-	}
-	nn := types.NamespacedName{Namespace: es.Namespace, Name: es.Labels[discovery.LabelServiceName]}
+	t, nn := o.Trigger, o.Slice.Service
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.triggers == nil {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dsproxy/dsproxy/internal/testaddr"
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
 )
@@ -43,6 +44,11 @@ func (b *recordingBackend) last(t *testing.T) SyncRequest {
 		t.Fatal("backend was never called")
 	}
 	return b.reqs[len(b.reqs)-1]
+}
+
+// ingest is what the informer hands the proxier for es, on the test proxier's node.
+func ingest(es *discovery.EndpointSlice) *endpointslice.Object {
+	return endpointslice.Ingest(es, "node-a")
 }
 
 func newTestProxier(t *testing.T, f *family.Family, reg *nodeport.Registry) (*Proxier, *recordingBackend) {
@@ -100,7 +106,7 @@ func TestSyncRequests(t *testing.T) {
 				t.Fatalf("nodeport addresses %+v", got)
 			}
 			p.OnServiceAdd(service(f, "web", f))
-			p.OnEndpointSliceAdd(endpointSlice(f, "web", 1, 2))
+			p.OnEndpointSliceAdd(ingest(endpointSlice(f, "web", 1, 2)))
 			n := len(b.reqs)
 			if err := p.Sync(ctx, false); err != nil {
 				t.Fatal(err)
@@ -186,7 +192,7 @@ func TestNetworkProgrammingTriggerTimes(t *testing.T) {
 	es := endpointSlice(f, "web", 1)
 	trigger := time.Date(2026, 11, 22, 1, 2, 3, 0, time.UTC)
 	es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
-	p.OnEndpointSliceAdd(es)
+	p.OnEndpointSliceAdd(ingest(es))
 	if err := p.Sync(context.Background(), false); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +212,7 @@ func TestChangeObserver(t *testing.T) {
 	p.cfg.Observer = obs
 	p.OnServiceAdd(service(f, "web", f))
 	p.OnServiceAdd(service(f, "web", f)) // still pending: counted, as kube-proxy counts every event
-	p.OnEndpointSliceAdd(endpointSlice(f, "web", 1))
+	p.OnEndpointSliceAdd(ingest(endpointSlice(f, "web", 1)))
 	if obs.svc != 2 || obs.eps != 1 || obs.queued != 3 || obs.pendingSvc != 1 || obs.pendingEps != 1 {
 		t.Fatalf("before sync: %+v", obs)
 	}

@@ -1,8 +1,25 @@
 package watch
 
 import (
+	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 )
+
+// ForProxy is the transform of the Service/EndpointSlice/ServiceCIDR informers on
+// node nodeName: an EndpointSlice becomes an *endpointslice.Object, parsed once for
+// its family (the informer's cache then holds the compact form, shared with the
+// proxier's), and every other object goes through StripForProxy. It never fails.
+func ForProxy(nodeName string) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		if es, ok := obj.(*discovery.EndpointSlice); ok {
+			return endpointslice.Ingest(es, nodeName), nil
+		}
+		return StripForProxy(obj)
+	}
+}
 
 // LastAppliedAnnotation is kubectl's copy of the last applied configuration: the whole
 // object again as JSON, read by nothing in the proxy.

@@ -1,13 +1,21 @@
 package watch
 
 import (
+	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
+	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
 func TestStripForProxy(t *testing.T) {
@@ -53,5 +61,70 @@ func TestStripForProxy(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// The informers' transform turns an EndpointSlice into its ingested form for the
+// node (local endpoints marked, the trigger time parsed, only the identity kept of
+// the metadata), is idempotent on that form, and strips everything else.
+func TestForProxy(t *testing.T) {
+	tr := ForProxy("node-a")
+	es := &discovery.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-abc", ResourceVersion: "42", UID: "u-1",
+			Labels:      map[string]string{discovery.LabelServiceName: "web", discovery.LabelManagedBy: "x"},
+			Annotations: map[string]string{v1.EndpointsLastChangeTriggerTime: "2026-11-25T01:02:03Z"}},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(8080))}},
+		Endpoints: []discovery.Endpoint{
+			{Addresses: []string{"10.64.0.2"}, NodeName: ptr.To("node-b"), TargetRef: &v1.ObjectReference{Kind: "Pod", Name: "p2"}},
+			{Addresses: []string{"10.64.0.1"}, NodeName: ptr.To("node-a")},
+		},
+	}
+	got, err := tr(es)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, ok := got.(*endpointslice.Object)
+	if !ok {
+		t.Fatalf("transform gave %T, want *endpointslice.Object", got)
+	}
+	if o.Namespace != "ns" || o.Name != "web-abc" || o.ResourceVersion != "42" || o.UID != "" || o.Labels != nil {
+		t.Errorf("metadata %+v: want namespace, name and resource version only", o.ObjectMeta)
+	}
+	if key, err := cache.MetaNamespaceKeyFunc(o); err != nil || key != "ns/web-abc" {
+		t.Errorf("informer key %q (%v), want ns/web-abc", key, err)
+	}
+	if o.Family != family.IPv4 || o.Err != nil || o.Slice == nil {
+		t.Fatalf("family %v, err %v, slice %v", o.Family, o.Err, o.Slice)
+	}
+	if o.Slice.Service != (types.NamespacedName{Namespace: "ns", Name: "web"}) {
+		t.Errorf("service %v", o.Slice.Service)
+	}
+	var eps []string
+	for _, e := range o.Slice.Endpoints {
+		eps = append(eps, fmt.Sprintf("%v local=%v", e.AddrPort(), e.Local))
+	}
+	if want := []string{"10.64.0.1:8080 local=true", "10.64.0.2:8080 local=false"}; !slices.Equal(eps, want) {
+		t.Errorf("endpoints %q, want %q", eps, want)
+	}
+	if want := time.Date(2026, 11, 25, 1, 2, 3, 0, time.UTC); !o.Trigger.Equal(want) {
+		t.Errorf("trigger %v, want %v", o.Trigger, want)
+	}
+	if again, _ := tr(o); again != o {
+		t.Errorf("transforming the ingested form again gave %v", again)
+	}
+	if c, ok := o.DeepCopyObject().(*endpointslice.Object); !ok || c == o || c.Slice != o.Slice || c.Name != o.Name {
+		t.Errorf("DeepCopyObject gave %#v", c)
+	}
+
+	// An FQDN slice is kept (so its deletion is seen) with the reason it is unusable.
+	fqdn, _ := tr(&discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "f"}, AddressType: discovery.AddressTypeFQDN})
+	if o := fqdn.(*endpointslice.Object); o.Family != nil || o.Err == nil || o.Name != "f" {
+		t.Errorf("FQDN slice: %+v", o)
+	}
+	// Other objects are stripped as before.
+	svc, _ := tr(&v1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s", Annotations: map[string]string{LastAppliedAnnotation: "{}"}}})
+	if s := svc.(*v1.Service); s.Annotations != nil {
+		t.Errorf("Service not stripped: %v", s.Annotations)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/model"
 )
 
@@ -29,9 +29,9 @@ type Handler interface {
 	OnServiceAdd(*v1.Service)
 	OnServiceUpdate(old, cur *v1.Service)
 	OnServiceDelete(*v1.Service)
-	OnEndpointSliceAdd(*discovery.EndpointSlice)
-	OnEndpointSliceUpdate(old, cur *discovery.EndpointSlice)
-	OnEndpointSliceDelete(*discovery.EndpointSlice)
+	OnEndpointSliceAdd(*endpointslice.Object)
+	OnEndpointSliceUpdate(old, cur *endpointslice.Object)
+	OnEndpointSliceDelete(*endpointslice.Object)
 	OnNodeAdd(*v1.Node)
 	OnNodeUpdate(old, cur *v1.Node)
 	OnNodeDelete(*v1.Node)
@@ -65,7 +65,7 @@ func Start(ctx context.Context, client kubernetes.Interface, h Handler, opts Opt
 	sel := ProxySelector().String()
 	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
-		informers.WithTransform(StripForProxy))
+		informers.WithTransform(ForProxy(opts.NodeName)))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()

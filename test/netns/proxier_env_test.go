@@ -25,6 +25,7 @@ import (
 
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/conntrack"
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
@@ -206,7 +207,7 @@ func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 	}
 	for _, es := range e.slices {
 		if es.AddressType == f.AddressType {
-			pf.p.OnEndpointSliceAdd(es)
+			pf.p.OnEndpointSliceAdd(endpointslice.Ingest(es, pxNodeName))
 		}
 	}
 	return pf
@@ -360,9 +361,9 @@ func (e *proxyNode) apply(s svcSpec) {
 	for _, f := range s.families() {
 		es := e.slice(s, f, s.eps)
 		if oldES := e.slices[es.Name]; oldES != nil {
-			e.fam[f].p.OnEndpointSliceUpdate(oldES, es)
+			e.fam[f].p.OnEndpointSliceUpdate(endpointslice.Ingest(oldES, pxNodeName), endpointslice.Ingest(es, pxNodeName))
 		} else {
-			e.fam[f].p.OnEndpointSliceAdd(es)
+			e.fam[f].p.OnEndpointSliceAdd(endpointslice.Ingest(es, pxNodeName))
 		}
 		e.slices[es.Name] = es
 	}
