@@ -121,6 +121,7 @@ var _ FamilyProxier = (*recorder)(nil)
 
 func svc(name string) *v1.Service { return &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}} }
 func node(name string) *v1.Node   { return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}} }
+
 // slice is an ingested slice of type t: unusable (no namespace), which the
 // routing must not care about.
 func slice(name string, t discovery.AddressType) *endpointslice.Object {
