@@ -175,6 +175,15 @@ func (rep *report) finish() {
 	}
 }
 
+// fmtEventDur formats an event → kernel latency: 0 means the change was in the
+// kernel before the benchmark's own watch delivered the event.
+func fmtEventDur(s float64) string {
+	if s <= 0 {
+		return "≤ 0"
+	}
+	return fmtDur(s)
+}
+
 func fmtDur(s float64) string {
 	switch {
 	case s <= 0:
@@ -227,7 +236,7 @@ func (rep *report) table(rows []Row) string {
 		}
 		proxy := "-"
 		if r.ProxyP50 != nil && r.ProxyP99 != nil {
-			proxy = fmtDur(*r.ProxyP50) + " / " + fmtDur(*r.ProxyP99)
+			proxy = fmtEventDur(*r.ProxyP50) + " / " + fmtEventDur(*r.ProxyP99)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			r.Proxy, r.Mode, r.Workload, r.Services, r.Samples, p50, p99, proxy, cpu, rss,

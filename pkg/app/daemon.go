@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
-	"runtime/debug"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -160,7 +159,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics, d.cfg.ProxyMode, d.cfg.EnableProfiling))
 	go serveHTTP(ctx, "healthz", d.cfg.HealthzBindAddress, d.health.Handler())
 	defer d.svcHC.Close()
-	go d.relaxGCUntilProgrammed(ctx)
 	d.applyConntrackSysctls()
 	h := &handler{MetaProxier: d.meta, d: d}
 	if err := watch.Start(ctx, d.client, h, watch.Options{NodeName: d.nodeName, ResyncPeriod: d.cfg.ConfigSyncPeriod, ServiceCIDRs: true}); err != nil {
@@ -246,31 +244,6 @@ func (h *handler) followNodeIPs(n *v1.Node) {
 	for f, p := range h.d.proxiers {
 		if ip := ips.For(f); ip.IsValid() {
 			p.SetNodeIP(ip)
-		}
-	}
-}
-
-// relaxGCUntilProgrammed trades memory for CPU during the cold start, when the
-// whole cluster is turned into kernel elements at once and garbage collection would
-// otherwise take a third of the CPU: the GC target is raised until every family has
-// synced once.
-func (d *Daemon) relaxGCUntilProgrammed(ctx context.Context) {
-	old := debug.SetGCPercent(400)
-	defer debug.SetGCPercent(old)
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		done := true
-		for _, st := range d.meta.Health() {
-			done = done && !st.Proxier.LastSync.IsZero()
-		}
-		if done {
-			return
 		}
 	}
 }
