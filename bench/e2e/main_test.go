@@ -48,6 +48,7 @@ var (
 	flagMerge     = flag.String("merge", "", "results.json of an earlier run: its rows for sizes not measured now are added to the table, JSON and plot (marked in the status)")
 	flagDSArgs    = flag.String("dsproxy-args", "", "extra dsproxy arguments, space-separated (e.g. \"-v=2\" to log every sync)")
 	flagProfiles  = flag.String("profiles", "", "directory for a heap profile of dsproxy once programmed (W1), per size; runs dsproxy with --profiling")
+	flagEtcd      = flag.String("etcd", "kubernetes", "etcd of the control plane: \"kubernetes\" (the version Kubernetes v1.36 requires, built by hack/controlplane/build-etcd.sh; informers stream their initial list as in real clusters) or \"debian\" (etcd-server from PATH, 3.4: no streaming lists, informers LIST)")
 	flagBin       = flag.String("dsproxy-bin", "", "prebuilt dsproxy binary (default: go build ./cmd/dsproxy)")
 )
 
@@ -125,6 +126,18 @@ func TestBenchE2E(t *testing.T) {
 		built <- nil
 	}
 
+	switch *flagEtcd {
+	case "kubernetes":
+		out, err := exec.Command(filepath.Join(root, "hack/controlplane/build-etcd.sh")).Output()
+		if err != nil {
+			t.Fatalf("build-etcd.sh: %v", err)
+		}
+		t.Setenv("DSPROXY_CP_ETCD", strings.TrimSpace(string(out)))
+	case "debian":
+		t.Setenv("DSPROXY_CP_ETCD", "")
+	default:
+		t.Fatalf("-etcd=%q: want kubernetes or debian", *flagEtcd)
+	}
 	cp := framework.Start(t)
 	bins.kubeProxy = filepath.Join(cp.Bin, "kube-proxy")
 	if _, err := os.Stat(bins.kubeProxy); err != nil {

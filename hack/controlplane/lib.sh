@@ -7,6 +7,8 @@
 #   DSPROXY_CP_NETNS   control-plane netns name    (dsproxy-cp)
 #   DSPROXY_CP_RUN     run dir: certs, kubeconfigs, logs, pids (/tmp/dsproxy-cp)
 #   DSPROXY_CP_ETCD_DATA  etcd data dir (tmpfs if /dev/shm exists)
+#   DSPROXY_CP_ETCD    etcd binary (etcd from PATH: Debian's etcd-server; see
+#                      build-etcd.sh for Kubernetes' own etcd version)
 
 K8S_VERSION=${K8S_VERSION:-v1.36.3}
 CACHE=${DSPROXY_CACHE:-/var/cache/dsproxy}
@@ -21,6 +23,7 @@ if [ -z "${DSPROXY_CP_ETCD_DATA:-}" ]; then
 	fi
 fi
 ETCD_DATA=$DSPROXY_CP_ETCD_DATA
+ETCD=${DSPROXY_CP_ETCD:-etcd}
 
 # Addressing. The API server listens on all addresses of the cp netns, port 6443.
 # A bridge in the cp netns carries the "link" network that other namespaces

@@ -202,8 +202,9 @@ start_control_plane() {
 	mkdir -p "$ETCD_DATA"
 	chmod 700 "$ETCD_DATA"
 
-	log "starting etcd ($(etcd --version | head -1))"
-	start etcd etcd --name dsproxy-cp --data-dir "$ETCD_DATA" \
+	log "starting etcd ($("$ETCD" --version | head -1), $ETCD)"
+	echo "$ETCD" >"$RUN/etcd-binary"
+	start etcd "$ETCD" --name dsproxy-cp --data-dir "$ETCD_DATA" \
 		--listen-client-urls http://127.0.0.1:2379 \
 		--advertise-client-urls http://127.0.0.1:2379 \
 		--listen-peer-urls http://127.0.0.1:2380 \
@@ -308,7 +309,9 @@ link_ns() {
 	log "linked netns $ns: $v4 $v6 -> API https://$API_V4:$API_PORT"
 }
 
-if pid_alive etcd && pid_alive kube-apiserver && pid_alive kube-controller-manager && readyz 0; then
+# A running control plane is reused only if its etcd is the one asked for.
+if pid_alive etcd && pid_alive kube-apiserver && pid_alive kube-controller-manager && readyz 0 &&
+	[ "$(cat "$RUN/etcd-binary" 2>/dev/null || echo etcd)" = "$ETCD" ]; then
 	log "control plane already running (reused)"
 	setup_cp_netns
 else
