@@ -309,11 +309,26 @@ link_ns() {
 	log "linked netns $ns: $v4 $v6 -> API https://$API_V4:$API_PORT"
 }
 
-# A running control plane is reused only if its etcd is the one asked for.
-if pid_alive etcd && pid_alive kube-apiserver && pid_alive kube-controller-manager && readyz 0 &&
-	[ "$(cat "$RUN/etcd-binary" 2>/dev/null || echo etcd)" = "$ETCD" ]; then
-	log "control plane already running (reused)"
-	setup_cp_netns
+# A running control plane is reused if its etcd is the one asked for. Otherwise it
+# is restarted, unless another live process (a lease in $RUN/leases other than our
+# caller's) is using it.
+running_etcd=$(cat "$RUN/etcd-binary" 2>/dev/null || echo etcd)
+if pid_alive etcd && pid_alive kube-apiserver && pid_alive kube-controller-manager && readyz 0; then
+	if [ "$running_etcd" = "$ETCD" ]; then
+		log "control plane already running (reused)"
+		setup_cp_netns
+	else
+		for lease in "$RUN"/leases/*; do
+			[ -e "$lease" ] || continue
+			pid=${lease##*/}
+			if [ "$pid" != "$PPID" ] && kill -0 "$pid" 2>/dev/null; then
+				log "the running control plane (etcd $running_etcd) is in use by pid $pid; not restarting it with $ETCD"
+				exit 1
+			fi
+		done
+		log "restarting the control plane: etcd $ETCD asked for, $running_etcd running"
+		start_control_plane
+	fi
 else
 	start_control_plane
 fi
