@@ -128,16 +128,16 @@ func connectTimes(ns *netns.NS, targets []netip.AddrPort, n, warm int) ([][]time
 	return out, err
 }
 
-func connectOnce(dst netip.AddrPort) (time.Duration, error) {
-	var (
-		af int
-		sa unix.Sockaddr
-	)
+// sockaddr returns dst's address family and socket address.
+func sockaddr(dst netip.AddrPort) (int, unix.Sockaddr) {
 	if a := dst.Addr().Unmap(); a.Is4() {
-		af, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(dst.Port()), Addr: a.As4()}
-	} else {
-		af, sa = unix.AF_INET6, &unix.SockaddrInet6{Port: int(dst.Port()), Addr: a.As16()}
+		return unix.AF_INET, &unix.SockaddrInet4{Port: int(dst.Port()), Addr: a.As4()}
 	}
+	return unix.AF_INET6, &unix.SockaddrInet6{Port: int(dst.Port()), Addr: dst.Addr().As16()}
+}
+
+func connectOnce(dst netip.AddrPort) (time.Duration, error) {
+	af, sa := sockaddr(dst)
 	fd, err := unix.Socket(af, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, err
@@ -216,15 +216,7 @@ func firstAnswer(ctx context.Context, ns *netns.NS, dst netip.AddrPort, interval
 // connectNonblocking starts a TCP connection to dst and returns its socket. The
 // socket closes with RST.
 func connectNonblocking(dst netip.AddrPort) (int, error) {
-	var (
-		af int
-		sa unix.Sockaddr
-	)
-	if a := dst.Addr().Unmap(); a.Is4() {
-		af, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(dst.Port()), Addr: a.As4()}
-	} else {
-		af, sa = unix.AF_INET6, &unix.SockaddrInet6{Port: int(dst.Port()), Addr: a.As16()}
-	}
+	af, sa := sockaddr(dst)
 	fd, err := unix.Socket(af, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return -1, err
