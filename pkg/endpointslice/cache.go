@@ -54,9 +54,9 @@ func (c *Cache) Update(o *Object) bool {
 		klog.V(2).InfoS("Ignoring part of EndpointSlice", "ipFamily", c.family.Name, "reason", sk.Error())
 	}
 	err := o.Err
-	if err == nil && o.Family != c.family {
+	if err == nil && (o.Family != c.family || o.Slice == nil) {
 		err = &model.SkipError{Object: "EndpointSlice " + o.Namespace + "/" + o.Name, Field: "addressType",
-			Reason: "is " + o.Family.Name + ", not " + c.family.Name}
+			Reason: "not parsed as " + c.family.Name}
 	}
 	if err != nil {
 		klog.V(2).InfoS("Ignoring EndpointSlice", "ipFamily", c.family.Name, "reason", err.Error())

@@ -238,6 +238,24 @@ func TestCacheSharesSingleSliceList(t *testing.T) {
 	}
 }
 
+// Objects that did not come from Ingest for this family are skipped, not trusted.
+func TestCacheSkipsForeignObjects(t *testing.T) {
+	c := NewCache(family.IPv4)
+	for _, o := range []*Object{
+		nil,
+		{},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "x"}, Family: family.IPv4},
+		Ingest(slice(family.IPv6, "a", 80, 1), "node-a"),
+	} {
+		if c.Update(o) {
+			t.Errorf("Update(%+v) reported a change", o)
+		}
+	}
+	if c.Pending() != 0 {
+		t.Errorf("%d Services pending", c.Pending())
+	}
+}
+
 func TestParseRejects(t *testing.T) {
 	for _, f := range family.All {
 		cases := []struct {
