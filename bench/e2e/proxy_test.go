@@ -259,6 +259,20 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 		t.Fatal(err)
 	}
 	t0 := time.Now()
+	if *flagProfiles != "" && spec.Name == "dsproxy" {
+		// A CPU profile of the cold start: the first seconds after the metrics
+		// server answers (it starts before the informers).
+		go func() {
+			file := filepath.Join(*flagProfiles, fmt.Sprintf("dsproxy-cpu-%d.pprof", n))
+			for time.Since(t0) < 10*time.Second {
+				if _, err := netns.Exec(nd.c.Node, "curl", "-sSf", "-o", file, "http://127.0.0.1:10249/debug/pprof/profile?seconds=8"); err == nil {
+					t.Logf("CPU profile of the cold start: %s", file)
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
 	defer func() {
 		p.stop()
 		if t.Failed() || os.Getenv("DSPROXY_BENCH_KEEP_LOGS") == "1" {
