@@ -142,11 +142,17 @@ func (c *Cache) Checkout(m model.EndpointsMap, full bool) map[types.NamespacedNa
 		for _, name := range ss.ports {
 			delete(m, name)
 		}
-		merged := merge(svc, ss.slices)
 		ss.ports = ss.ports[:0]
-		for name, eps := range merged {
-			m[name] = eps
-			ss.ports = append(ss.ports, name)
+		if name, eps, ok := single(svc, ss.slices); ok {
+			if len(eps) > 0 {
+				m[name] = eps
+				ss.ports = append(ss.ports, name)
+			}
+		} else {
+			for name, eps := range merge(svc, ss.slices) {
+				m[name] = eps
+				ss.ports = append(ss.ports, name)
+			}
 		}
 		if len(ss.slices) == 0 {
 			delete(c.byService, svc)
@@ -155,25 +161,27 @@ func (c *Cache) Checkout(m model.EndpointsMap, full bool) map[types.NamespacedNa
 	return changed
 }
 
+// single handles the common case without building a map: a Service with one
+// single-port slice and no duplicate endpoint, whose parsed list already is the
+// merged one (see Slice.Endpoints). The list is shared, not copied: lists in an
+// EndpointsMap are never modified.
+func single(svc types.NamespacedName, bySlice map[string]*Slice) (model.ServicePortName, []model.Endpoint, bool) {
+	if len(bySlice) != 1 {
+		return model.ServicePortName{}, nil, false
+	}
+	for _, s := range bySlice {
+		if len(s.Ports) == 1 && !hasDuplicates(s.Endpoints) {
+			p := s.Ports[0]
+			return model.ServicePortName{NamespacedName: svc, Port: p.Name, Protocol: p.Protocol}, s.Endpoints, true
+		}
+	}
+	return model.ServicePortName{}, nil, false
+}
+
 // merge combines a Service's slices into endpoints per service port. Slices are taken
 // in name order so that the result never depends on map order. An address and port
 // listed twice keeps the non-terminating copy, as kube-proxy does.
 func merge(svc types.NamespacedName, bySlice map[string]*Slice) map[model.ServicePortName][]model.Endpoint {
-	if len(bySlice) == 1 {
-		for _, s := range bySlice {
-			if len(s.Ports) == 1 && !hasDuplicates(s.Endpoints) {
-				// Already the merged list (see Slice.Endpoints): shared, not copied.
-				// Lists in an EndpointsMap are never modified.
-				p := s.Ports[0]
-				if len(s.Endpoints) == 0 {
-					return map[model.ServicePortName][]model.Endpoint{}
-				}
-				return map[model.ServicePortName][]model.Endpoint{
-					{NamespacedName: svc, Port: p.Name, Protocol: p.Protocol}: s.Endpoints,
-				}
-			}
-		}
-	}
 	names := make([]string, 0, len(bySlice))
 	for n := range bySlice {
 		names = append(names, n)
