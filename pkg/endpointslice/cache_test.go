@@ -303,7 +303,7 @@ func TestParseConditionsAndHints(t *testing.T) {
 		if e0.Ready || !e0.Serving || !e0.Terminating || !e0.Local {
 			t.Errorf("%s: conditions of endpoint 0: %+v", f, e0)
 		}
-		if !e1.Ready || !e1.Serving || e1.Terminating || e1.Zone != "z1" ||
+		if !e1.Ready || !e1.Serving || e1.Terminating || !e1.Local ||
 			fmt.Sprint(e1.ZoneHints()) != "[z1 z2]" || fmt.Sprint(e1.NodeHints()) != "[n]" {
 			t.Errorf("%s: endpoint 1: %+v", f, e1)
 		}

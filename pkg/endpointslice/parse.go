@@ -152,13 +152,7 @@ func endpointFrom(ep *discovery.Endpoint, addr netip.Addr, nodeName string) mode
 		Serving:     ep.Conditions.Serving == nil || *ep.Conditions.Serving,
 		Terminating: ep.Conditions.Terminating != nil && *ep.Conditions.Terminating,
 	}
-	if ep.NodeName != nil {
-		e.NodeName = *ep.NodeName
-		e.Local = nodeName != "" && e.NodeName == nodeName
-	}
-	if ep.Zone != nil {
-		e.Zone = *ep.Zone
-	}
+	e.Local = ep.NodeName != nil && nodeName != "" && *ep.NodeName == nodeName
 	if ep.Hints != nil && len(ep.Hints.ForZones)+len(ep.Hints.ForNodes) > 0 {
 		h := &model.Hints{}
 		for _, z := range ep.Hints.ForZones {

@@ -116,10 +116,11 @@ type Endpoint struct {
 	Ready       bool
 	Serving     bool
 	Terminating bool
-	// Local is true when the endpoint's nodeName is this node.
-	Local    bool
-	NodeName string
-	Zone     string
+	// Local is true when the endpoint's nodeName is this node. The nodeName and
+	// zone themselves are not kept: nothing the proxy programs depends on them
+	// beyond Local and the hints (as in kube-proxy), and endpoints are the model's
+	// most numerous values (40 bytes each now, 72 with them).
+	Local bool
 	// Hints are the slice's topology hints; nil when the endpoint has none. One
 	// pointer rather than two slices: endpoints are the model's most numerous
 	// values (200k at 10k Services), and nearly all have no hints.
@@ -157,7 +158,6 @@ func (e *Endpoint) String() string { return e.AddrPort().String() }
 func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.Addr == o.Addr && e.Port == o.Port && e.Ready == o.Ready &&
 		e.Serving == o.Serving && e.Terminating == o.Terminating && e.Local == o.Local &&
-		e.NodeName == o.NodeName && e.Zone == o.Zone &&
 		slices.Equal(e.ZoneHints(), o.ZoneHints()) && slices.Equal(e.NodeHints(), o.NodeHints())
 }
 

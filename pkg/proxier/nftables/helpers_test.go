@@ -82,11 +82,7 @@ func affinity(sec uint32) svcOpt {
 
 // ep is pod n serving port; local says it runs on this node.
 func ep(f *family.Family, n int, port uint16, local bool) model.Endpoint {
-	node := "node-2"
-	if local {
-		node = thisNode
-	}
-	return model.Endpoint{Addr: testaddr.Pod(f, n), Port: port, Ready: true, Serving: true, Local: local, NodeName: node}
+	return model.Endpoint{Addr: testaddr.Pod(f, n), Port: port, Ready: true, Serving: true, Local: local}
 }
 
 func ap(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
