@@ -244,7 +244,7 @@ func TestCacheSkipsForeignObjects(t *testing.T) {
 	for _, o := range []*Object{
 		nil,
 		{},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "x"}, Family: family.IPv4},
+		{Namespace: "ns", Name: "x", Family: family.IPv4},
 		Ingest(slice(family.IPv6, "a", 80, 1), "node-a"),
 	} {
 		if c.Update(o) {

@@ -7,6 +7,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/model"
@@ -18,12 +19,12 @@ import (
 // endpoints of a slice are in memory once, in their compact form. At 10k Services
 // the API objects were about 2.7 KB per slice, 55 MB in all.
 //
-// It carries the identity the informer needs (namespace, name and resource
-// version in ObjectMeta; nothing else of the metadata is kept) and implements
-// runtime.Object so client-go can treat it like any cached object.
+// It carries only the identity the informer needs (namespace, name, resource
+// version; not a whole ObjectMeta, 256 bytes of mostly empty fields per slice),
+// implements runtime.Object, and gives client-go an ObjectMeta view
+// (GetObjectMeta) for its keys.
 type Object struct {
-	metav1.TypeMeta
-	metav1.ObjectMeta
+	Namespace, Name, ResourceVersion string
 	// Family is the slice's addressType's family; nil for FQDN and unknown types.
 	Family *family.Family
 	// Slice is the parsed slice; nil when it cannot be used at all (Err says why).
@@ -43,7 +44,7 @@ func Ingest(es *discovery.EndpointSlice, nodeName string) *Object {
 	if es == nil {
 		return &Object{Err: &model.SkipError{Object: "EndpointSlice <nil>", Reason: "nil object"}}
 	}
-	o := &Object{ObjectMeta: metav1.ObjectMeta{Namespace: es.Namespace, Name: es.Name, ResourceVersion: es.ResourceVersion}}
+	o := &Object{Namespace: es.Namespace, Name: es.Name, ResourceVersion: es.ResourceVersion}
 	o.Family = family.ForAddressType(es.AddressType)
 	if o.Family == nil {
 		o.Err = &model.SkipError{Object: "EndpointSlice " + es.Namespace + "/" + es.Name, Field: "addressType",
@@ -65,6 +66,18 @@ func Ingest(es *discovery.EndpointSlice, nodeName string) *Object {
 // DeepCopyObject returns a copy sharing the parsed slice, which is never modified.
 func (o *Object) DeepCopyObject() runtime.Object {
 	c := *o
-	o.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
 	return &c
 }
+
+// GetObjectKind: an Object has no type metadata.
+func (o *Object) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// GetObjectMeta returns the identity as an ObjectMeta (a new one each call), for
+// client-go's key functions (meta.Accessor).
+func (o *Object) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name, ResourceVersion: o.ResourceVersion}
+}
+
+// GetName and GetNamespace serve klog.KObj.
+func (o *Object) GetName() string      { return o.Name }
+func (o *Object) GetNamespace() string { return o.Namespace }

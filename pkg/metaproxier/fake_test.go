@@ -34,7 +34,7 @@ func newRecorder(f *family.Family) *recorder {
 	return &recorder{fam: f, health: Health{Healthy: true}}
 }
 
-func (r *recorder) record(op string, obj metav1.Object) {
+func (r *recorder) record(op string, obj interface{ GetName() string }) {
 	r.mu.Lock()
 	panics, onEvent := r.panics, r.onEvent
 	if !panics {

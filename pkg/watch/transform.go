@@ -14,8 +14,11 @@ import (
 // proxier's), and every other object goes through StripForProxy. It never fails.
 func ForProxy(nodeName string) cache.TransformFunc {
 	return func(obj any) (any, error) {
-		if es, ok := obj.(*discovery.EndpointSlice); ok {
-			return endpointslice.Ingest(es, nodeName), nil
+		switch o := obj.(type) {
+		case *discovery.EndpointSlice:
+			return endpointslice.Ingest(o, nodeName), nil
+		case *endpointslice.Object:
+			return o, nil
 		}
 		return StripForProxy(obj)
 	}

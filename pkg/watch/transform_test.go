@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
@@ -88,8 +89,11 @@ func TestForProxy(t *testing.T) {
 	if !ok {
 		t.Fatalf("transform gave %T, want *endpointslice.Object", got)
 	}
-	if o.Namespace != "ns" || o.Name != "web-abc" || o.ResourceVersion != "42" || o.UID != "" || o.Labels != nil {
-		t.Errorf("metadata %+v: want namespace, name and resource version only", o.ObjectMeta)
+	if o.Namespace != "ns" || o.Name != "web-abc" || o.ResourceVersion != "42" {
+		t.Errorf("identity %s/%s@%s, want ns/web-abc@42", o.Namespace, o.Name, o.ResourceVersion)
+	}
+	if m, err := meta.Accessor(o); err != nil || m.GetName() != "web-abc" || m.GetNamespace() != "ns" || m.GetResourceVersion() != "42" || m.GetUID() != "" {
+		t.Errorf("meta.Accessor: %v, %v", m, err)
 	}
 	if key, err := cache.MetaNamespaceKeyFunc(o); err != nil || key != "ns/web-abc" {
 		t.Errorf("informer key %q (%v), want ns/web-abc", key, err)
