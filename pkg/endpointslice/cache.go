@@ -2,6 +2,7 @@ package endpointslice
 
 import (
 	"slices"
+	"strings"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -25,7 +26,9 @@ type Cache struct {
 }
 
 type serviceSlices struct {
-	slices map[string]*Slice // by slice name; the latest version seen
+	// slices are the latest version seen of each slice, sorted by name: nearly
+	// always one, so a slice rather than a map (a map per Service was 5 MB at 10k).
+	slices []*Slice
 	// ports are the service port names this Service had in the EndpointsMap after the
 	// last Checkout, so a checkout can remove the ones that disappeared.
 	ports []model.ServicePortName
@@ -72,13 +75,18 @@ func (c *Cache) Update(o *Object) bool {
 	changed := c.removeLocked(s.Service.Namespace, s.Name, s.Service)
 	ss := c.byService[s.Service]
 	if ss == nil {
-		ss = &serviceSlices{slices: make(map[string]*Slice, 1)}
+		ss = &serviceSlices{}
 		c.byService[s.Service] = ss
 	}
-	if old := ss.slices[s.Name]; old != nil && old.equal(s) {
+	i, found := ss.find(s.Name)
+	if found && ss.slices[i].equal(s) {
 		return changed
 	}
-	ss.slices[s.Name] = s
+	if found {
+		ss.slices[i] = s
+	} else {
+		ss.slices = slices.Insert(ss.slices, i, s)
+	}
 	c.owner[types.NamespacedName{Namespace: s.Service.Namespace, Name: s.Name}] = s.Service
 	c.dirty[s.Service] = true
 	return true
@@ -108,7 +116,9 @@ func (c *Cache) removeLocked(namespace, name string, keep types.NamespacedName) 
 	}
 	delete(c.owner, key)
 	if ss := c.byService[svc]; ss != nil {
-		delete(ss.slices, name)
+		if i, found := ss.find(name); found {
+			ss.slices = slices.Delete(ss.slices, i, i+1)
+		}
 	}
 	c.dirty[svc] = true
 	return true
@@ -165,31 +175,26 @@ func (c *Cache) Checkout(m model.EndpointsMap, full bool) map[types.NamespacedNa
 // single-port slice and no duplicate endpoint, whose parsed list already is the
 // merged one (see Slice.Endpoints). The list is shared, not copied: lists in an
 // EndpointsMap are never modified.
-func single(svc types.NamespacedName, bySlice map[string]*Slice) (model.ServicePortName, []model.Endpoint, bool) {
-	if len(bySlice) != 1 {
+func single(svc types.NamespacedName, bySlice []*Slice) (model.ServicePortName, []model.Endpoint, bool) {
+	if len(bySlice) != 1 || len(bySlice[0].Ports) != 1 || hasDuplicates(bySlice[0].Endpoints) {
 		return model.ServicePortName{}, nil, false
 	}
-	for _, s := range bySlice {
-		if len(s.Ports) == 1 && !hasDuplicates(s.Endpoints) {
-			p := s.Ports[0]
-			return model.ServicePortName{NamespacedName: svc, Port: p.Name, Protocol: p.Protocol}, s.Endpoints, true
-		}
-	}
-	return model.ServicePortName{}, nil, false
+	s := bySlice[0]
+	p := s.Ports[0]
+	return model.ServicePortName{NamespacedName: svc, Port: p.Name, Protocol: p.Protocol}, s.Endpoints, true
 }
 
-// merge combines a Service's slices into endpoints per service port. Slices are taken
-// in name order so that the result never depends on map order. An address and port
-// listed twice keeps the non-terminating copy, as kube-proxy does.
-func merge(svc types.NamespacedName, bySlice map[string]*Slice) map[model.ServicePortName][]model.Endpoint {
-	names := make([]string, 0, len(bySlice))
-	for n := range bySlice {
-		names = append(names, n)
-	}
-	slices.Sort(names)
+// find returns where the slice called name is, or would be inserted.
+func (ss *serviceSlices) find(name string) (int, bool) {
+	return slices.BinarySearchFunc(ss.slices, name, func(s *Slice, name string) int { return strings.Compare(s.Name, name) })
+}
+
+// merge combines a Service's slices into endpoints per service port. The slices
+// come in name order, so the result never depends on the order they arrived in. An
+// address and port listed twice keeps the non-terminating copy, as kube-proxy does.
+func merge(svc types.NamespacedName, bySlice []*Slice) map[model.ServicePortName][]model.Endpoint {
 	out := make(map[model.ServicePortName][]model.Endpoint, 1)
-	for _, n := range names {
-		s := bySlice[n]
+	for _, s := range bySlice {
 		for _, p := range s.Ports {
 			key := model.ServicePortName{NamespacedName: svc, Port: p.Name, Protocol: p.Protocol}
 			out[key] = appendEndpoints(out[key], s.Endpoints, p.Port)

@@ -221,7 +221,7 @@ func TestCacheSharesSingleSliceList(t *testing.T) {
 	m := model.EndpointsMap{}
 	c.Checkout(m, false)
 	key := spn("http", v1.ProtocolTCP)
-	parsed := c.byService[webNN].slices["a"].Endpoints
+	parsed := c.byService[webNN].slices[0].Endpoints
 	if got := m[key]; len(got) != 2 || &got[0] != &parsed[0] {
 		t.Fatalf("merged list %v is not the parsed slice's %v", got, parsed)
 	}
