@@ -44,20 +44,8 @@ func watchEvents(ctx context.Context, client kubernetes.Interface, ns string) (*
 	}
 	svcs, slices := client.CoreV1().Services(ns), client.DiscoveryV1().EndpointSlices(ns)
 	for _, w := range []lister{
-		{"Service", func(ctx context.Context, o metav1.ListOptions) (string, error) {
-			r, err := svcs.List(ctx, o)
-			if err != nil {
-				return "", err
-			}
-			return r.ResourceVersion, nil
-		}, svcs.Watch},
-		{"EndpointSlice", func(ctx context.Context, o metav1.ListOptions) (string, error) {
-			r, err := slices.List(ctx, o)
-			if err != nil {
-				return "", err
-			}
-			return r.ResourceVersion, nil
-		}, slices.Watch},
+		{"Service", listRV(svcs.List), svcs.Watch},
+		{"EndpointSlice", listRV(slices.List), slices.Watch},
 	} {
 		// The current resource version, without the objects.
 		rv, err := w.list(ctx, metav1.ListOptions{Limit: 1})
@@ -93,6 +81,17 @@ func watchEvents(ctx context.Context, client kubernetes.Interface, ns string) (*
 		}()
 	}
 	return l, nil
+}
+
+// listRV turns a typed List into one that returns only the list's resource version.
+func listRV[L interface{ GetResourceVersion() string }](list func(context.Context, metav1.ListOptions) (L, error)) func(context.Context, metav1.ListOptions) (string, error) {
+	return func(ctx context.Context, o metav1.ListOptions) (string, error) {
+		r, err := list(ctx, o)
+		if err != nil {
+			return "", err
+		}
+		return r.GetResourceVersion(), nil
+	}
 }
 
 func objectName(o runtime.Object) string {
