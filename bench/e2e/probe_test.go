@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -170,30 +171,30 @@ func connectOnce(dst netip.AddrPort) (time.Duration, error) {
 // they belong to its network namespace; waiting on them needs no namespace.
 func firstAnswer(ctx context.Context, ns *netns.NS, dst netip.AddrPort, interval, timeout time.Duration) (time.Time, error) {
 	type result struct {
-		start time.Time
-		ok    bool
+		id int
+		ok bool
 	}
 	var at time.Time
 	err := netns.RunIn(ns, func() error {
 		results := make(chan result, 1024)
-		var earliest time.Time // earliest answered start so far
-		var pending []time.Time
+		var earliest time.Time         // earliest answered start so far
+		pending := map[int]time.Time{} // connections still waiting, by id
 		tick := time.NewTicker(interval)
 		defer tick.Stop()
-		for {
+		for id := 0; ; {
 			if earliest.IsZero() {
 				start := time.Now()
 				fd, err := connectNonblocking(dst)
 				if err != nil {
 					return fmt.Errorf("connect %v: %w", dst, err)
 				}
-				pending = append(pending, start)
-				go func() {
-					ok := awaitAnswer(fd, start.Add(timeout))
-					results <- result{start, ok}
-				}()
+				pending[id] = start
+				go func(id int) {
+					results <- result{id, awaitAnswer(fd, start.Add(timeout))}
+				}(id)
+				id++
 			}
-			if !earliest.IsZero() && !slices.ContainsFunc(pending, func(s time.Time) bool { return s.Before(earliest) }) {
+			if !earliest.IsZero() && !slices.ContainsFunc(slices.Collect(maps.Values(pending)), func(s time.Time) bool { return s.Before(earliest) }) {
 				// Nothing started earlier can still answer.
 				at = earliest
 				return nil
@@ -202,9 +203,10 @@ func firstAnswer(ctx context.Context, ns *netns.NS, dst netip.AddrPort, interval
 			case <-ctx.Done():
 				return fmt.Errorf("%v: %w", dst, context.Cause(ctx))
 			case r := <-results:
-				pending = slices.DeleteFunc(pending, func(s time.Time) bool { return s.Equal(r.start) })
-				if r.ok && (earliest.IsZero() || r.start.Before(earliest)) {
-					earliest = r.start
+				start := pending[r.id]
+				delete(pending, r.id)
+				if r.ok && (earliest.IsZero() || start.Before(earliest)) {
+					earliest = start
 				}
 			case <-tick.C:
 			}

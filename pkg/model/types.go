@@ -118,8 +118,7 @@ type Endpoint struct {
 	Terminating bool
 	// Local is true when the endpoint's nodeName is this node. The nodeName and
 	// zone themselves are not kept: nothing the proxy programs depends on them
-	// beyond Local and the hints (as in kube-proxy), and endpoints are the model's
-	// most numerous values (40 bytes each now, 72 with them).
+	// beyond Local and the hints, as in kube-proxy (40 bytes an endpoint, not 72).
 	Local bool
 	// Hints are the slice's topology hints; nil when the endpoint has none. One
 	// pointer rather than two slices: endpoints are the model's most numerous

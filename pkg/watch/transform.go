@@ -28,12 +28,12 @@ func ForProxy(nodeName string) cache.TransformFunc {
 // object again as JSON, read by nothing in the proxy.
 const LastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
 
-// StripForProxy is the informers' transform: before an object enters an informer's
-// cache it drops what the proxy never reads and what, at 10k Services and 20k
-// EndpointSlices, is a large share of the caches: metadata.managedFields (one entry
-// per field manager, each a JSON field set) and kubectl's last-applied annotation.
-// Every other field, annotations included (the EndpointSlice trigger time), is kept.
-// Objects without metadata pass through unchanged. It never fails.
+// StripForProxy is the transform of the objects the informers keep as they are
+// (Services, ServiceCIDRs, the Node): before one enters an informer's cache it drops
+// what the proxy never reads and what, at 10k Services, is a large share of the
+// caches: metadata.managedFields (one entry per field manager, each a JSON field set)
+// and kubectl's last-applied annotation. Every other field is kept. Objects without
+// metadata pass through unchanged. It never fails.
 func StripForProxy(obj any) (any, error) {
 	m, err := meta.Accessor(obj)
 	if err != nil {
