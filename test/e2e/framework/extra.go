@@ -3,6 +3,7 @@
 package framework
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -74,6 +75,8 @@ func (cp *ControlPlane) RestartAPIServer(ctx context.Context) (time.Duration, er
 	var (
 		down   time.Time
 		newPID int
+		exited = make(chan struct{})
+		status error
 	)
 	err := cp.withLock(func() error {
 		pid, argv, err := cp.recordedProcess("kube-apiserver")
@@ -103,7 +106,9 @@ func (cp *ControlPlane) RestartAPIServer(ctx context.Context) (time.Duration, er
 		if err := cmd.Start(); err != nil {
 			return fmt.Errorf("start kube-apiserver: %w", err)
 		}
-		go func() { _ = cmd.Wait() }() // reap it if it exits while we run
+		// Wait (not /proc/<pid>/cmdline, which reads empty for a moment
+		// while `ip netns exec` execs kube-apiserver) says whether it exited.
+		go func() { status = cmd.Wait(); close(exited) }()
 		newPID = cmd.Process.Pid
 		return os.WriteFile(filepath.Join(cp.RunDir, "kube-apiserver.pid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644)
 	})
@@ -111,8 +116,10 @@ func (cp *ControlPlane) RestartAPIServer(ctx context.Context) (time.Duration, er
 		return 0, err
 	}
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*Timeout, true, func(ctx context.Context) (bool, error) {
-		if !running(newPID) {
-			return false, fmt.Errorf("kube-apiserver (pid %d) exited", newPID)
+		select {
+		case <-exited:
+			return false, fmt.Errorf("kube-apiserver (pid %d) exited: %v", newPID, status)
+		default:
 		}
 		body, err := cp.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil && strings.TrimSpace(string(body)) == "ok", nil
@@ -134,11 +141,16 @@ func waitGone(pid int, timeout time.Duration) bool {
 	return false
 }
 
-// running reports whether pid is a live process; a zombie keeps its pid until
-// reaped but has no command line.
+// running reports whether pid is a live process: it exists and is no zombie
+// (which keeps its pid until reaped). The state is the field after the
+// parenthesised command name of /proc/<pid>/stat.
 func running(pid int) bool {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && len(raw) > 0
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(raw, ')')
+	return i >= 0 && i+2 < len(raw) && raw[i+2] != 'Z' && raw[i+2] != 'X'
 }
 
 // LogTail returns the last n lines of logs/<component>.log.
