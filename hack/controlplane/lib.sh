@@ -68,9 +68,19 @@ our_pid() {
 	local f=$RUN/$1.pid pid
 	[ -f "$f" ] || return 1
 	pid=$(cat "$f")
-	[ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-	tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$1 " || return 1
-	echo "$pid"
+	[ -n "$pid" ] || return 1
+	# A process reads an empty command line for a moment while it execs (as
+	# setsid and `ip netns exec` do right after start): look again then.
+	local cmd
+	for _ in 1 2 3 4 5; do
+		cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+		[ -n "$cmd" ] && break
+		sleep 0.05
+	done
+	case "$cmd" in
+	*"$1 "*) echo "$pid" ;;
+	*) return 1 ;;
+	esac
 }
 
 pid_alive() { our_pid "$1" >/dev/null; }
