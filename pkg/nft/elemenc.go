@@ -31,6 +31,23 @@ var messagesField = func() (off uintptr, ok bool) {
 
 var messagesOffset, haveMessages = messagesField()
 
+// errField finds Conn.err, where the library keeps the first error of encoding a
+// queued message (its Flush returns it).
+var errField = func() (off uintptr, ok bool) {
+	f, found := reflect.TypeFor[nftables.Conn]().FieldByName("err")
+	if !found || f.Type != reflect.TypeFor[error]() {
+		return 0, false
+	}
+	return f.Offset, true
+}
+
+var errOffset, haveErr = errField()
+
+// queueErr returns the Conn's encoding error. Only meaningful when haveErr.
+func queueErr(c *nftables.Conn) error {
+	return *(*error)(unsafe.Add(unsafe.Pointer(c), errOffset))
+}
+
 // queuedMessages returns the Conn's queue of batch messages, or nil. The caller
 // holds the only reference to the Conn in use (Netlink.mu).
 func queuedMessages(c *nftables.Conn) *[]netlink.Message {
@@ -66,18 +83,36 @@ func valueLen(v []byte) int { return nlaHeaderLen + nlaHeaderLen + align4(len(v)
 // elems, which must have no verdicts, as google/nftables' SetAddElements and
 // SetDeleteElements do for a Set without ID.
 func elementMessage(fam nftables.TableFamily, table, set string, elems []Element, keysOnly bool) netlink.Message {
-	typ, flags := unix.NFT_MSG_NEWSETELEM, netlink.Request|netlink.Acknowledge|netlink.Create
-	if keysOnly {
-		typ = unix.NFT_MSG_DELSETELEM
+	typ, flags := elementMessageType(keysOnly)
+	size, list := elementPayloadSize(table, set, elems, keysOnly)
+	return netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(typ), Flags: flags},
+		Data:   appendElementPayload(make([]byte, 0, size), fam, table, set, elems, keysOnly, list),
 	}
-	list := 0
+}
+
+func elementMessageType(keysOnly bool) (uint16, netlink.HeaderFlags) {
+	if keysOnly {
+		return unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_DELSETELEM, netlink.Request | netlink.Acknowledge | netlink.Create
+	}
+	return unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSETELEM, netlink.Request | netlink.Acknowledge | netlink.Create
+}
+
+// elementPayloadSize is the size of an element message's payload and of its
+// element list attribute's payload.
+func elementPayloadSize(table, set string, elems []Element, keysOnly bool) (size, list int) {
 	for _, e := range elems {
 		list += nlaHeaderLen + valueLen(e.Key)
 		if !keysOnly && len(e.Data) > 0 {
 			list += valueLen(e.Data)
 		}
 	}
-	b := make([]byte, 0, 4+2*nlaHeaderLen+align4(len(set)+1)+align4(len(table)+1)+nlaHeaderLen+4+nlaHeaderLen+list)
+	return 4 + 2*nlaHeaderLen + align4(len(set)+1) + align4(len(table)+1) + nlaHeaderLen + 4 + nlaHeaderLen + list, list
+}
+
+// appendElementPayload appends an element message's payload (list as computed by
+// elementPayloadSize).
+func appendElementPayload(b []byte, fam nftables.TableFamily, table, set string, elems []Element, keysOnly bool, list int) []byte {
 	b = append(b, byte(fam), unix.NFNETLINK_V0, 0, 0) // nfgenmsg, res_id 0
 	b = appendStringAttr(b, unix.NFTA_SET_ELEM_LIST_SET, set)
 	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_SET_ID, []byte{0, 0, 0, 0})
@@ -97,8 +132,5 @@ func elementMessage(fam nftables.TableFamily, table, set string, elems []Element
 			b = appendAttr(b, unix.NFTA_DATA_VALUE, e.Data)
 		}
 	}
-	return netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
-		Data:   b,
-	}
+	return b
 }

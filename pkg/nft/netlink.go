@@ -30,10 +30,22 @@ import (
 // commits per namespace).
 type Netlink struct {
 	mu     sync.Mutex
-	conn   *nftables.Conn
+	conn   *nftables.Conn // encodes messages; lists
 	opts   []nftables.ConnOption
 	closed bool
+
+	// Transactions go out on a socket of their own as batches encoded by batch
+	// (see batchWriter), when the library's queue can be reached (batchable);
+	// otherwise through conn.Flush.
+	batchConn *netlink.Conn
+	batch     batchWriter
+	seq       uint32
+	rbuf      []byte
 }
+
+// batchable: google/nftables' queue and encoding error can be reached (see
+// queuedMessages), so Netlink sends its own batches.
+var batchable = haveMessages && haveErr
 
 var _ Kernel = (*Netlink)(nil)
 
@@ -80,6 +92,25 @@ func NewNetlink(opts ...NetlinkOption) (*Netlink, error) {
 	n := &Netlink{opts: copts}
 	if err := n.redial(); err != nil {
 		return nil, err
+	}
+	if batchable {
+		ncfg := &netlink.Config{}
+		if cfg.hasNS {
+			ncfg.NetNS = cfg.netns
+		}
+		c, err := netlink.Dial(unix.NETLINK_NETFILTER, ncfg)
+		if err != nil {
+			_ = n.conn.CloseLasting()
+			return nil, fmt.Errorf("nft: open netlink socket: %w", err)
+		}
+		// Error replies carry the failing message's header, not the message.
+		err = errors.Join(sockBuffers(cfg.sockBuf)(c), c.SetOption(netlink.CapAcknowledge, true))
+		if err != nil {
+			_ = c.Close()
+			_ = n.conn.CloseLasting()
+			return nil, fmt.Errorf("nft: netlink socket options: %w", err)
+		}
+		n.batchConn = c
 	}
 	return n, nil
 }
@@ -131,16 +162,21 @@ func (n *Netlink) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.closed = true
-	return n.conn.CloseLasting()
+	err := n.conn.CloseLasting()
+	if n.batchConn != nil {
+		err = errors.Join(err, n.batchConn.Close())
+	}
+	return err
 }
 
 var errClosed = errors.New("nft: netlink closed")
 
 // Apply sends tx as one netlink batch, which the kernel commits atomically. On
 // failure nothing is applied; the error wraps the kernel's errno (errors.Is works
-// with syscall.ENOENT and the like) and names the transaction's objects. The kernel
-// reports the failing message only by sequence number, which google/nftables does
-// not surface, so the error lists what the transaction touched.
+// with syscall.ENOENT and the like) and names the failing operations (the kernel
+// reports a failing message by sequence number; Netlink's own batches map it back
+// to the operation). On the fallback through google/nftables' Flush, which does
+// not surface sequence numbers, the error lists what the transaction touched.
 func (n *Netlink) Apply(ctx context.Context, tx *Tx) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -157,6 +193,9 @@ func (n *Netlink) Apply(ctx context.Context, tx *Tx) error {
 		return nil
 	}
 	fam := nftables.TableFamily(tx.Family.NFProto)
+	if n.batchConn != nil {
+		return n.applyBatch(fam, tx)
+	}
 	for i, op := range tx.Ops {
 		if err := n.queue(fam, op); err != nil {
 			// The Conn keeps queued messages until the next Flush; drop them with it.
@@ -263,17 +302,7 @@ func (n *Netlink) elements(t *nftables.Table, op Op) error {
 	keysOnly := op.Kind == OpDeleteElements
 	if q := queuedMessages(n.conn); q != nil && !slices.ContainsFunc(op.Elements, func(e Element) bool { return e.Verdict != nil }) {
 		for elems := op.Elements; len(elems) > 0; {
-			k, size := 0, 0
-			for ; k < len(elems); k++ {
-				sz := encodedElementSize(nftables.SetElement{Key: elems[k].Key, Val: elems[k].Data})
-				if keysOnly {
-					sz = encodedElementSize(nftables.SetElement{Key: elems[k].Key})
-				}
-				if k > 0 && size+sz > maxElementBytes {
-					break
-				}
-				size += sz
-			}
+			k := elementsFitting(elems, keysOnly)
 			*q = append(*q, elementMessage(t.Family, t.Name, op.SetName, elems[:k], keysOnly))
 			elems = elems[k:]
 		}
@@ -310,6 +339,23 @@ func (n *Netlink) elements(t *nftables.Table, op Op) error {
 		return queue(buf)
 	}
 	return nil
+}
+
+// elementsFitting is how many of elems (at least one) fit in one message's
+// maxElementBytes.
+func elementsFitting(elems []Element, keysOnly bool) int {
+	k, size := 0, 0
+	for ; k < len(elems); k++ {
+		sz := encodedElementSize(nftables.SetElement{Key: elems[k].Key, Val: elems[k].Data})
+		if keysOnly {
+			sz = encodedElementSize(nftables.SetElement{Key: elems[k].Key})
+		}
+		if k > 0 && size+sz > maxElementBytes {
+			break
+		}
+		size += sz
+	}
+	return k
 }
 
 func align4(n int) int { return (n + 3) &^ 3 }

@@ -200,8 +200,20 @@ func TestNetlinkDifferential(t *testing.T) {
 // TestNetlinkChunking loads 20k elements in one transaction (well over the 64 KiB a
 // single message attribute can carry) and reads every one back intact.
 func TestNetlinkChunking(t *testing.T) {
-	for _, fam := range family.All {
-		t.Run(fam.Name, func(t *testing.T) {
+	for _, cs := range []int{chunkSize, 4096} {
+		for _, fam := range family.All {
+			t.Run(fmt.Sprintf("%s/chunks-of-%d", fam.Name, cs), func(t *testing.T) {
+				defer func(old int) { chunkSize = old }(chunkSize)
+				chunkSize = cs
+				testNetlinkChunking(t, fam)
+			})
+		}
+	}
+}
+
+func testNetlinkChunking(t *testing.T, fam *family.Family) {
+	{
+		{
 			nl := newTestNetlink(t)
 			rs := newTestRuleset(fam)
 			tx := NewTx(fam)
@@ -252,7 +264,70 @@ func TestNetlinkChunking(t *testing.T) {
 			if err := nl.Apply(ctx, tx); err != nil {
 				t.Fatal(err)
 			}
-		})
+		}
+	}
+}
+
+// TestNetlinkBatch: transactions go out as Netlink's own batches (the library's
+// queue is reachable), a failure names the failing operations and wraps the
+// kernel's errno, applies nothing, and leaves the Netlink usable.
+func TestNetlinkBatch(t *testing.T) {
+	if !batchable {
+		t.Fatal("google/nftables' Conn.messages or Conn.err is unreachable: transactions fall back to Conn.Flush")
+	}
+	fam := family.IPv4
+	nl := newTestNetlink(t)
+	if nl.batchConn == nil {
+		t.Fatal("Netlink has no batch socket")
+	}
+	rs := newTestRuleset(fam)
+	ad := addrsFor(fam)
+	tx := NewTx(fam)
+	rs.base(tx)
+	rs.service(tx, ad.svc, 80, false, ad.ep0)
+	if err := nl.Apply(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	before := kernelText(t, nl, fam, map[string][]string{testTable: {"endpoints", "no-endpoints"}})
+
+	tx = NewTx(fam)
+	tx.AddElements(testTable, "no-endpoints", []Element{{Key: rs.svcKeyBytes(ad.remote, 17, 1)}})
+	tx.AddTable("other")
+	tx.DeleteElements(testTable, "svc-2", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_UDP, 1)}}) // op 2: absent
+	tx.AppendRules(testTable, "nope", []Rule{rule("", dropV())})                                         // op 3: no such chain
+	err := nl.Apply(ctx, tx)
+	if !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("Apply: %v, want ENOENT", err)
+	}
+	t.Logf("error: %v", err)
+	for _, want := range []string{"op 2 (delete elements", "op 3 (append rules"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not name %q: %v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "op 0 ") || strings.Contains(err.Error(), "op 1 ") {
+		t.Errorf("error names operations that did not fail: %v", err)
+	}
+	if after := kernelText(t, nl, fam, map[string][]string{testTable: {"endpoints", "no-endpoints"}}); after != before {
+		t.Fatalf("a failed transaction changed the kernel:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if tables, _ := nl.ListTables(ctx, fam); slices.Contains(tables, "other") {
+		t.Fatal("a failed transaction created a table")
+	}
+
+	// Usable afterwards; a transaction without messages is a no-op.
+	tx = NewTx(fam)
+	tx.AddElements(testTable, "no-endpoints", nil)
+	if err := nl.Apply(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	tx = NewTx(fam)
+	tx.AddTable("other")
+	if err := nl.Apply(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if tables, _ := nl.ListTables(ctx, fam); !slices.Contains(tables, "other") {
+		t.Fatalf("table other missing after a successful transaction: %v", tables)
 	}
 }
 
