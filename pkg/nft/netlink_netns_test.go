@@ -105,95 +105,105 @@ func (d *differ) apply(name string, tx *Tx, want error) {
 
 func TestNetlinkDifferential(t *testing.T) {
 	for _, fam := range family.All {
-		t.Run(fam.Name, func(t *testing.T) {
-			d := &differ{t: t, nl: newTestNetlink(t), fk: NewFake(), fam: fam}
-			rs := newTestRuleset(fam)
-			ad := addrsFor(fam)
+		for _, mode := range []string{"batch", "flush"} {
+			t.Run(fam.Name+"/"+mode, func(t *testing.T) { testNetlinkDifferential(t, fam, mode == "flush") })
+		}
+	}
+}
 
-			tx := NewTx(fam)
-			rs.base(tx)
-			rs.service(tx, ad.svc, 80, false, ad.ep0, ad.ep1)
-			rs.service(tx, ad.svcAff, 80, true, ad.epAff0, ad.epA1)
-			rs.service(tx, ad.svcNoEP, 80, false)
-			rs.nodePort(tx, 30080, ad.svc, 80)
-			tx.AddTable("aux")
-			tx.DeleteTable("never-existed")
-			d.apply("initial load", tx, nil)
+// testNetlinkDifferential; flush: through google/nftables' Flush (the fallback
+// when its queue is unreachable) instead of Netlink's own batches.
+func testNetlinkDifferential(t *testing.T, fam *family.Family, flush bool) {
+	d := &differ{t: t, nl: newTestNetlink(t), fk: NewFake(), fam: fam}
+	if flush {
+		d.nl.batchConn.Close()
+		d.nl.batchConn = nil
+	}
+	rs := newTestRuleset(fam)
+	ad := addrsFor(fam)
 
-			// A verdict map with a goto element, in its own table.
-			tx = NewTx(fam)
-			tx.AddSet("aux", &Set{Name: "vm", KeyType: rs.svcType(), DataType: nftables.TypeVerdict, IsMap: true, Concat: true})
-			tx.SetChain("aux", &Chain{Name: "lb", Rules: []Rule{rule("lb", &expr.Counter{}, dropV())}})
-			tx.SetChain("aux", &Chain{Name: "pre", Hook: nftables.ChainHookPrerouting, Priority: prio(-50), Type: "filter",
-				Rules: []Rule{rule("", append(rs.svcKey(), &expr.Lookup{SourceRegister: r8, DestRegister: unix.NFT_REG_VERDICT, IsDestRegSet: true, SetName: "vm"})...)}})
-			tx.AddElements("aux", "vm", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80), Verdict: &expr.Verdict{Kind: expr.VerdictGoto, Chain: "lb"}}})
-			d.apply("verdict map", tx, nil)
+	tx := NewTx(fam)
+	rs.base(tx)
+	rs.service(tx, ad.svc, 80, false, ad.ep0, ad.ep1)
+	rs.service(tx, ad.svcAff, 80, true, ad.epAff0, ad.epA1)
+	rs.service(tx, ad.svcNoEP, 80, false)
+	rs.nodePort(tx, 30080, ad.svc, 80)
+	tx.AddTable("aux")
+	tx.DeleteTable("never-existed")
+	d.apply("initial load", tx, nil)
 
-			// Element churn: replace an endpoint, move a service, flush a set.
-			key0 := Concat(rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80), IndexBytes(0))
-			tx = NewTx(fam)
-			tx.DeleteElements(testTable, "endpoints", []Element{{Key: key0}})
-			tx.AddElements(testTable, "endpoints", []Element{{Key: key0, Data: rs.epBytes(ad.epA1)}})
-			tx.DeleteElements(testTable, "svc-2", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80)}})
-			tx.AddElements(testTable, "aff-2", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80)}})
-			tx.FlushSet(testTable, "no-endpoints")
-			tx.SetChain(testTable, filterChain("filter-output", hookOut()))
-			d.apply("churn", tx, nil)
+	// A verdict map with a goto element, in its own table.
+	tx = NewTx(fam)
+	tx.AddSet("aux", &Set{Name: "vm", KeyType: rs.svcType(), DataType: nftables.TypeVerdict, IsMap: true, Concat: true})
+	tx.SetChain("aux", &Chain{Name: "lb", Rules: []Rule{rule("lb", &expr.Counter{}, dropV())}})
+	tx.SetChain("aux", &Chain{Name: "pre", Hook: nftables.ChainHookPrerouting, Priority: prio(-50), Type: "filter",
+		Rules: []Rule{rule("", append(rs.svcKey(), &expr.Lookup{SourceRegister: r8, DestRegister: unix.NFT_REG_VERDICT, IsDestRegSet: true, SetName: "vm"})...)}})
+	tx.AddElements("aux", "vm", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80), Verdict: &expr.Verdict{Kind: expr.VerdictGoto, Chain: "lb"}}})
+	d.apply("verdict map", tx, nil)
 
-			// Appending keeps the chain's rules.
-			tx = NewTx(fam)
-			tx.AppendRules(testTable, "services", []Rule{rule("appended", append(rs.svcKey(), &expr.Lookup{SourceRegister: r8, SetName: "no-endpoints"}, dropV())...)})
-			d.apply("append rules", tx, nil)
+	// Element churn: replace an endpoint, move a service, flush a set.
+	key0 := Concat(rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80), IndexBytes(0))
+	tx = NewTx(fam)
+	tx.DeleteElements(testTable, "endpoints", []Element{{Key: key0}})
+	tx.AddElements(testTable, "endpoints", []Element{{Key: key0, Data: rs.epBytes(ad.epA1)}})
+	tx.DeleteElements(testTable, "svc-2", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80)}})
+	tx.AddElements(testTable, "aff-2", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80)}})
+	tx.FlushSet(testTable, "no-endpoints")
+	tx.SetChain(testTable, filterChain("filter-output", hookOut()))
+	d.apply("churn", tx, nil)
 
-			bad := func(name string, want error, build func(tx *Tx)) {
-				tx := NewTx(fam)
-				tx.AddElements(testTable, "no-endpoints", []Element{{Key: rs.svcKeyBytes(ad.remote, 17, 1)}})
-				build(tx)
-				d.apply(name, tx, want)
-			}
-			bad("changed data", syscall.EEXIST, func(tx *Tx) {
-				tx.AddElements(testTable, "endpoints", []Element{{Key: key0, Data: rs.epBytes(ad.ep1)}})
-			})
-			bad("missing element", syscall.ENOENT, func(tx *Tx) {
-				tx.DeleteElements(testTable, "svc-2", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_UDP, 1)}})
-			})
-			bad("referenced set", syscall.EBUSY, func(tx *Tx) { tx.DeleteSet(testTable, "endpoints") })
-			bad("chain referenced by a vmap", syscall.EBUSY, func(tx *Tx) { tx.DeleteChain("aux", "lb") })
-			bad("missing set in lookup", syscall.ENOENT, func(tx *Tx) {
-				tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", append(rs.svcKey(), &expr.Lookup{SourceRegister: r8, SetName: "nope"})...)}})
-			})
-			bad("append to missing chain", syscall.ENOENT, func(tx *Tx) {
-				tx.AppendRules(testTable, "nope", []Rule{rule("", dropV())})
-			})
-			bad("jump to missing chain", syscall.ENOENT, func(tx *Tx) {
-				tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", jumpV("nope"))}})
-			})
-			bad("unwritten register", syscall.ENODATA, func(tx *Tx) {
-				tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", &expr.Cmp{Op: expr.CmpOpEq, Register: 9, Data: []byte{1}})}})
-			})
-			bad("short key", syscall.EINVAL, func(tx *Tx) {
-				tx.AddElements(testTable, "svc-2", []Element{{Key: AddrBytes(ad.svc)}})
-			})
+	// Appending keeps the chain's rules.
+	tx = NewTx(fam)
+	tx.AppendRules(testTable, "services", []Rule{rule("appended", append(rs.svcKey(), &expr.Lookup{SourceRegister: r8, SetName: "no-endpoints"}, dropV())...)})
+	d.apply("append rules", tx, nil)
 
-			// A chain with rules can be deleted once nothing jumps to it.
-			tx = NewTx(fam)
-			tx.DeleteElements("aux", "vm", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80)}})
-			tx.DeleteChain("aux", "lb")
-			d.apply("delete chain with rules", tx, nil)
+	bad := func(name string, want error, build func(tx *Tx)) {
+		tx := NewTx(fam)
+		tx.AddElements(testTable, "no-endpoints", []Element{{Key: rs.svcKeyBytes(ad.remote, 17, 1)}})
+		build(tx)
+		d.apply(name, tx, want)
+	}
+	bad("changed data", syscall.EEXIST, func(tx *Tx) {
+		tx.AddElements(testTable, "endpoints", []Element{{Key: key0, Data: rs.epBytes(ad.ep1)}})
+	})
+	bad("missing element", syscall.ENOENT, func(tx *Tx) {
+		tx.DeleteElements(testTable, "svc-2", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_UDP, 1)}})
+	})
+	bad("referenced set", syscall.EBUSY, func(tx *Tx) { tx.DeleteSet(testTable, "endpoints") })
+	bad("chain referenced by a vmap", syscall.EBUSY, func(tx *Tx) { tx.DeleteChain("aux", "lb") })
+	bad("missing set in lookup", syscall.ENOENT, func(tx *Tx) {
+		tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", append(rs.svcKey(), &expr.Lookup{SourceRegister: r8, SetName: "nope"})...)}})
+	})
+	bad("append to missing chain", syscall.ENOENT, func(tx *Tx) {
+		tx.AppendRules(testTable, "nope", []Rule{rule("", dropV())})
+	})
+	bad("jump to missing chain", syscall.ENOENT, func(tx *Tx) {
+		tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", jumpV("nope"))}})
+	})
+	bad("unwritten register", syscall.ENODATA, func(tx *Tx) {
+		tx.SetChain(testTable, &Chain{Name: "x", Rules: []Rule{rule("", &expr.Cmp{Op: expr.CmpOpEq, Register: 9, Data: []byte{1}})}})
+	})
+	bad("short key", syscall.EINVAL, func(tx *Tx) {
+		tx.AddElements(testTable, "svc-2", []Element{{Key: AddrBytes(ad.svc)}})
+	})
 
-			tx = NewTx(fam)
-			tx.DeleteTable("aux")
-			tx.DeleteTable(testTable)
-			d.apply("delete all", tx, nil)
-			for _, k := range []Kernel{d.nl, d.fk} {
-				if _, err := k.ListChains(ctx, fam, testTable); !IsNotFound(err) {
-					t.Errorf("%T.ListChains of a deleted table: %v, want ENOENT", k, err)
-				}
-				if _, err := k.ListElements(ctx, fam, testTable, "svc-2"); !IsNotFound(err) {
-					t.Errorf("%T.ListElements of a deleted table: %v, want ENOENT", k, err)
-				}
-			}
-		})
+	// A chain with rules can be deleted once nothing jumps to it.
+	tx = NewTx(fam)
+	tx.DeleteElements("aux", "vm", []Element{{Key: rs.svcKeyBytes(ad.svc, unix.IPPROTO_TCP, 80)}})
+	tx.DeleteChain("aux", "lb")
+	d.apply("delete chain with rules", tx, nil)
+
+	tx = NewTx(fam)
+	tx.DeleteTable("aux")
+	tx.DeleteTable(testTable)
+	d.apply("delete all", tx, nil)
+	for _, k := range []Kernel{d.nl, d.fk} {
+		if _, err := k.ListChains(ctx, fam, testTable); !IsNotFound(err) {
+			t.Errorf("%T.ListChains of a deleted table: %v, want ENOENT", k, err)
+		}
+		if _, err := k.ListElements(ctx, fam, testTable, "svc-2"); !IsNotFound(err) {
+			t.Errorf("%T.ListElements of a deleted table: %v, want ENOENT", k, err)
+		}
 	}
 }
 
@@ -212,59 +222,55 @@ func TestNetlinkChunking(t *testing.T) {
 }
 
 func testNetlinkChunking(t *testing.T, fam *family.Family) {
-	{
-		{
-			nl := newTestNetlink(t)
-			rs := newTestRuleset(fam)
-			tx := NewTx(fam)
-			rs.base(tx)
-			var want []Element
-			base := addrsFor(fam).svc.As16()
-			for i := range 20000 {
-				b := base
-				b[13], b[14], b[15] = byte(i>>16), byte(i>>8), byte(i)
-				ip := netip.AddrFrom16(b)
-				if fam == family.IPv4 {
-					ip = netip.AddrFrom4([4]byte{10, 96 + byte(i>>16), byte(i >> 8), byte(i)})
-				}
-				want = append(want, Element{
-					Key:  Concat(rs.svcKeyBytes(ip, unix.IPPROTO_TCP, 80), IndexBytes(uint32(i%7))),
-					Data: rs.epBytes(netip.AddrPortFrom(ip, uint16(i))),
-				})
-			}
-			tx.AddElements(testTable, "endpoints", want)
-			if err := nl.Apply(ctx, tx); err != nil {
-				t.Fatal(err)
-			}
-			// The kernel lists a hash set in no particular order, and a listing taken
-			// while the set's hash table is still being resized in the background
-			// (right after a big insert, later on a loaded machine) may repeat or
-			// skip elements; so compare sorted, and list again on a mismatch. The
-			// delete of every element below proves they are all there.
-			byKey := func(a, b Element) int { return bytes.Compare(a.Key, b.Key) }
-			slices.SortFunc(want, byKey)
-			var mismatch string
-			for try := 0; try < 10; try++ {
-				got, err := nl.ListElements(ctx, fam, testTable, "endpoints")
-				if err != nil {
-					t.Fatal(err)
-				}
-				slices.SortFunc(got, byKey)
-				if mismatch = elementsDiff(got, want); mismatch == "" {
-					break
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
-			if mismatch != "" {
-				t.Fatal(mismatch)
-			}
-			// Every element is really there: deleting them all succeeds.
-			tx = NewTx(fam)
-			tx.DeleteElements(testTable, "endpoints", want)
-			if err := nl.Apply(ctx, tx); err != nil {
-				t.Fatal(err)
-			}
+	nl := newTestNetlink(t)
+	rs := newTestRuleset(fam)
+	tx := NewTx(fam)
+	rs.base(tx)
+	var want []Element
+	base := addrsFor(fam).svc.As16()
+	for i := range 20000 {
+		b := base
+		b[13], b[14], b[15] = byte(i>>16), byte(i>>8), byte(i)
+		ip := netip.AddrFrom16(b)
+		if fam == family.IPv4 {
+			ip = netip.AddrFrom4([4]byte{10, 96 + byte(i>>16), byte(i >> 8), byte(i)})
 		}
+		want = append(want, Element{
+			Key:  Concat(rs.svcKeyBytes(ip, unix.IPPROTO_TCP, 80), IndexBytes(uint32(i%7))),
+			Data: rs.epBytes(netip.AddrPortFrom(ip, uint16(i))),
+		})
+	}
+	tx.AddElements(testTable, "endpoints", want)
+	if err := nl.Apply(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel lists a hash set in no particular order, and a listing taken
+	// while the set's hash table is still being resized in the background
+	// (right after a big insert, later on a loaded machine) may repeat or
+	// skip elements; so compare sorted, and list again on a mismatch. The
+	// delete of every element below proves they are all there.
+	byKey := func(a, b Element) int { return bytes.Compare(a.Key, b.Key) }
+	slices.SortFunc(want, byKey)
+	var mismatch string
+	for try := 0; try < 10; try++ {
+		got, err := nl.ListElements(ctx, fam, testTable, "endpoints")
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.SortFunc(got, byKey)
+		if mismatch = elementsDiff(got, want); mismatch == "" {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if mismatch != "" {
+		t.Fatal(mismatch)
+	}
+	// Every element is really there: deleting them all succeeds.
+	tx = NewTx(fam)
+	tx.DeleteElements(testTable, "endpoints", want)
+	if err := nl.Apply(ctx, tx); err != nil {
+		t.Fatal(err)
 	}
 }
 
