@@ -98,6 +98,10 @@ func TestForProxy(t *testing.T) {
 	if key, err := cache.MetaNamespaceKeyFunc(o); err != nil || key != "ns/web-abc" {
 		t.Errorf("informer key %q (%v), want ns/web-abc", key, err)
 	}
+	// The object is its own accessor: computing a key allocates no ObjectMeta.
+	if n := testing.AllocsPerRun(100, func() { _, _ = meta.Accessor(o) }); n != 0 {
+		t.Errorf("meta.Accessor allocates %v times per call", n)
+	}
 	if o.Family != family.IPv4 || o.Err != nil || o.Slice == nil {
 		t.Fatalf("family %v, err %v, slice %v", o.Family, o.Err, o.Slice)
 	}
