@@ -66,9 +66,12 @@ type portBuilder struct {
 	used  [2]bool
 	// replay: rec's slots are the ones to use, not to reassign.
 	replay bool
-	// data holds the @endpoints data (epaddr . epport) of each list's slots,
-	// shared by every frontend that uses the list.
-	data [2][]string
+	// old are the slots before this assignment (unless replay).
+	old [2][]netip.AddrPort
+	// slots and data hold each used list's slots and their @endpoints data
+	// (epaddr . epport), shared by every frontend that uses the list.
+	slots [2][]netip.AddrPort
+	data  [2][]string
 }
 
 func (b *portBuilder) add(set setKey, key, data string) {
@@ -86,12 +89,33 @@ func (b *portBuilder) list(local bool) ([]netip.AddrPort, []string) {
 			eps = b.ps.Local
 		}
 		b.used[l] = true
-		if !b.replay {
-			b.rec.slots[l] = assignSlots(b.rec.slots[l], eps)
+		if b.replay {
+			b.slots[l] = b.rec.slotList(l)
+		} else {
+			b.slots[l] = assignSlots(b.old[l], eps)
+			b.rec.slots[l] = nil
+			if !inOrder(b.slots[l], eps) {
+				b.rec.slots[l] = b.slots[l]
+			}
 		}
-		b.data[l] = epData(b.rec.slots[l])
+		b.data[l] = epData(b.slots[l])
 	}
-	return b.rec.slots[l], b.data[l]
+	return b.slots[l], b.data[l]
+}
+
+// inOrder reports whether slots are eps in order without duplicates (what
+// assignSlots gives without old slots).
+func inOrder(slots []netip.AddrPort, eps []model.Endpoint) bool {
+	j := 0
+	for i := range eps {
+		ap := eps[i].AddrPort()
+		if j < len(slots) && slots[j] == ap {
+			j++
+		} else if !slices.Contains(slots[:j], ap) {
+			return false
+		}
+	}
+	return j == len(slots)
 }
 
 // epData encodes the endpoints as @endpoints data, all in one string.
@@ -159,25 +183,26 @@ func (b *portBuilder) frontend(k kind, key string, local bool) {
 // recording ps and the node config in rec. A port with a protocol the kernel rules
 // can't match contributes nothing.
 func (c *cache) portContribs(ps *model.PortState, rec *portRecord) []contrib {
+	old := [2][]netip.AddrPort{rec.slotList(listCluster), rec.slotList(listLocal)}
 	rec.ps, rec.node = ps, c.node
-	return c.contribs(rec, false)
+	return c.contribs(rec, false, old)
 }
 
 // recorded computes again what rec's port contributed when it was last set: the
 // same state, node config and slots give the same elements.
 func (c *cache) recorded(rec *portRecord) []contrib {
-	return c.contribs(rec, true)
+	return c.contribs(rec, true, [2][]netip.AddrPort{})
 }
 
 // contribs computes the contributions of rec.ps with the node config rec.node.
-// Unless replay is set it first (re)assigns rec's slots; with replay the slots are
-// used as they are.
-func (c *cache) contribs(rec *portRecord, replay bool) []contrib {
+// Unless replay is set it first (re)assigns rec's slots from old; with replay the
+// slots are used as they are.
+func (c *cache) contribs(rec *portRecord, replay bool, old [2][]netip.AddrPort) []contrib {
 	ps := rec.ps
 	if ps == nil {
 		return nil
 	}
-	b := &portBuilder{ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds, rec: rec, replay: replay}
+	b := &portBuilder{ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds, rec: rec, replay: replay, old: old}
 	if b.proto == 0 || !c.x.f.Contains(ps.ClusterIP) {
 		if !replay {
 			rec.slots = [2][]netip.AddrPort{}

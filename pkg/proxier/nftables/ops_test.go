@@ -444,3 +444,68 @@ func TestAssignSlots(t *testing.T) {
 		t.Errorf("shrink: %v", s4)
 	}
 }
+
+// TestSlotsKeptOnlyOutOfOrder: a port keeps its slots only while they differ from
+// its endpoints' order; either way the elements it wrote are recomputed exactly
+// (a full sync afterwards finds nothing to repair or do).
+func TestSlotsKeptOnlyOutOfOrder(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t, f)
+			e.b.opts.RebuildEvery = -1 // no scheduled rebuild among the full syncs
+			eps := func(ns ...int) []model.Endpoint {
+				var out []model.Endpoint
+				for _, n := range ns {
+					out = append(out, ep(f, n, 8080, false))
+				}
+				return out
+			}
+			sp := svc(f, "web", 10, 80, tcp)
+			name := e.put(sp, eps(1, 2, 3, 4)...)
+			e.sync(true)
+			steps := []struct {
+				eps  []int
+				kept bool  // explicit slots stored
+				want []int // slot order
+			}{
+				{[]int{1, 2, 3, 4}, false, []int{1, 2, 3, 4}},
+				{[]int{1, 3, 4}, true, []int{1, 4, 3}},           // 4 moves into 2's slot
+				{[]int{1, 3, 4, 5}, true, []int{1, 4, 3, 5}},     // 5 appended
+				{[]int{1, 4, 3, 5}, false, []int{1, 4, 3, 5}},    // the order now matches
+				{[]int{1, 4, 3, 5, 5}, false, []int{1, 4, 3, 5}}, // a duplicate takes no slot
+				{[]int{9}, false, []int{9}},
+			}
+			for i, st := range steps {
+				if i > 0 {
+					e.put(sp, eps(st.eps...)...)
+					e.sync(false, name)
+				}
+				rec := e.b.c.ports[name]
+				if got := rec.slots[listCluster] != nil; got != st.kept {
+					t.Errorf("step %d %v: slots kept %v, want %v", i, st.eps, got, st.kept)
+				}
+				var want []netip.AddrPort
+				for _, n := range st.want {
+					want = append(want, pod(f, n, 8080))
+				}
+				if got := rec.slotList(listCluster); fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Errorf("step %d %v: slots %v, want %v", i, st.eps, got, want)
+				}
+				e.check(to(fromPod(20), cip(f, 10, 80), tcp)(f), dnatTo(false, want...))
+				// A full sync may drop emptied dispatch sets, but repairs nothing; a
+				// second one has nothing to do.
+				if res := e.sync(true); res.Repairs != 0 {
+					t.Errorf("step %d %v: full sync afterwards repaired %+v", i, st.eps, res)
+				}
+				if res := e.sync(true); res.Operations != 0 {
+					t.Errorf("step %d %v: second full sync %+v, want nothing to do", i, st.eps, res)
+				}
+			}
+			e.del(name)
+			e.sync(false, name)
+			if res := e.sync(true); res.Repairs != 0 {
+				t.Errorf("full sync after the delete repaired %+v", res)
+			}
+		})
+	}
+}
