@@ -139,42 +139,50 @@ func (p *proc) stop() {
 }
 
 // stats reads the process's CPU time (user+system, including waited-for
-// children such as kube-proxy's nft and iptables-restore) and peak RSS
-// (VmHWM) from /proc.
-func (p *proc) stats() (cpu float64, rssMiB float64, err error) {
+// children such as kube-proxy's nft and iptables-restore), peak RSS (VmHWM) and
+// RSS (VmRSS) from /proc.
+func (p *proc) stats() (cpu float64, rssMiB float64, nowMiB *float64, err error) {
 	pid := p.pid()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
 	s := string(b)
 	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 	if len(f) < 15 {
-		return 0, 0, fmt.Errorf("short /proc/%d/stat", pid)
+		return 0, 0, nil, fmt.Errorf("short /proc/%d/stat", pid)
 	}
 	var ticks int64
 	for _, i := range []int{11, 12, 13, 14} { // utime stime cutime cstime
 		v, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, nil, err
 		}
 		ticks += v
 	}
 	cpu = float64(ticks) / 100 // USER_HZ
 	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return cpu, 0, err
+		return cpu, 0, nil, err
 	}
 	for _, l := range strings.Split(string(st), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			if err != nil {
+				return cpu, 0, nil, err
+			}
+			mib := kb / 1024
+			nowMiB = &mib
+		}
 		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
 			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
 			if err != nil {
-				return cpu, 0, err
+				return cpu, 0, nil, err
 			}
 			rssMiB = kb / 1024
 		}
 	}
-	return cpu, rssMiB, nil
+	return cpu, rssMiB, nowMiB, nil
 }
 
 func (p *proc) logTail() string {
@@ -287,8 +295,8 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 	// W1: process start → every sampled Service answers on both families.
 	w1 := row("W1 cold start")
 	ready, detail, err := coldStart(p, nd, ld, n, t0)
-	if cpu, rss, serr := p.stats(); serr == nil {
-		w1.CPU, w1.RSSMiB = cpu, rss
+	if cpu, rss, now, serr := p.stats(); serr == nil {
+		w1.CPU, w1.RSSMiB, w1.EndRSSMiB = cpu, rss, now
 	}
 	switch {
 	case err == nil:
@@ -400,7 +408,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 			return failed(t, p, r, err, "probe not ready")
 		}
 	}
-	cpu0, _, _ := p.stats()
+	cpu0, _, _, _ := p.stats()
 	var lat, proxyLat []time.Duration
 	for c := range p.changes() {
 		fi := c % 2
@@ -454,7 +462,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 // Service's and the family's slice's for an add, the Service's deletion for
 // a delete).
 func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) []Row {
-	cpu0, _, _ := p.stats()
+	cpu0, _, _, _ := p.stats()
 	var addLat, delLat, addProxy, delProxy []time.Duration
 	// change starts wait for both families, runs act, and collects: wait
 	// returns when family fi saw the change, needed the watch event it
@@ -596,8 +604,8 @@ func connectRows(nd *node, n int, clusterIPs []netip.Addr, r Row) ([]Row, error)
 
 func finish(p *proc, r Row, lat []time.Duration, cpu0 float64) Row {
 	r.setLatencies(lat)
-	if cpu, rss, err := p.stats(); err == nil {
-		r.CPU, r.RSSMiB = cpu-cpu0, rss
+	if cpu, rss, now, err := p.stats(); err == nil {
+		r.CPU, r.RSSMiB, r.EndRSSMiB = cpu-cpu0, rss, now
 	}
 	return r
 }

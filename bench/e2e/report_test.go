@@ -42,7 +42,10 @@ type Row struct {
 	ProxyP99 *float64 `json:"proxy_p99_seconds,omitempty"`
 	CPU      float64  `json:"cpu_seconds"`
 	RSSMiB   float64  `json:"peak_rss_mib"`
-	Status   string   `json:"status"` // "ok", "not finished after …" or "error: …"
+	// EndRSSMiB is the RSS (VmRSS) at the end of the workload: after W1 the
+	// programmed proxy's, after W2/W3 its steady state. Absent when not measured.
+	EndRSSMiB *float64 `json:"end_rss_mib,omitempty"`
+	Status    string   `json:"status"` // "ok", "not finished after …" or "error: …"
 	// LoadAvg is /proc/loadavg (1, 5, 15 min) at the end of the workload.
 	LoadAvg string `json:"loadavg"`
 	// Ratios are dsproxy's figure divided by this row's (kube-proxy rows
@@ -215,7 +218,7 @@ func fmtRatio(v *float64, unfinished bool) string {
 func (rep *report) table(rows []Row) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "proxy\tmode\tworkload\tservices\tn\tp50\tp99\tevent→kernel p50 / p99\tCPU\tpeak RSS\tdsproxy/this p50\tp99\tCPU\tRSS\tstatus")
+	fmt.Fprintln(w, "proxy\tmode\tworkload\tservices\tn\tp50\tp99\tevent→kernel p50 / p99\tCPU\tpeak RSS\tRSS at end\tdsproxy/this p50\tp99\tCPU\tRSS\tstatus")
 	for _, r := range rows {
 		cpu, rss := "-", "-"
 		if r.CPU >= 0 {
@@ -223,6 +226,10 @@ func (rep *report) table(rows []Row) string {
 		}
 		if r.RSSMiB >= 0 {
 			rss = fmt.Sprintf("%.0f MiB", r.RSSMiB)
+		}
+		endRSS := "-"
+		if r.EndRSSMiB != nil {
+			endRSS = fmt.Sprintf("%.0f MiB", *r.EndRSSMiB)
 		}
 		p50, p99 := fmtDur(r.P50), fmtDur(r.P99)
 		unfinished := strings.Contains(r.Status, "not finished")
@@ -238,8 +245,8 @@ func (rep *report) table(rows []Row) string {
 		if r.ProxyP50 != nil && r.ProxyP99 != nil {
 			proxy = fmtEventDur(*r.ProxyP50) + " / " + fmtEventDur(*r.ProxyP99)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			r.Proxy, r.Mode, r.Workload, r.Services, r.Samples, p50, p99, proxy, cpu, rss,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			r.Proxy, r.Mode, r.Workload, r.Services, r.Samples, p50, p99, proxy, cpu, rss, endRSS,
 			fmtRatio(r.RatioP50, unfinished), fmtRatio(r.RatioP99, unfinished),
 			fmtRatio(r.RatioCPU, false), fmtRatio(r.RatioRSS, false), r.Status)
 	}

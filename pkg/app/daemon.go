@@ -3,11 +3,13 @@ package app
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -20,6 +22,7 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/healthcheck"
 	"github.com/dsproxy/dsproxy/pkg/metaproxier"
 	"github.com/dsproxy/dsproxy/pkg/metrics"
+	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/nodeip"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
@@ -43,6 +46,7 @@ type Daemon struct {
 	health   *healthcheck.ProxyHealthServer
 	svcHC    *healthcheck.ServiceHealthServer
 	local    *localState
+	cold     *coldStart
 }
 
 // New assembles the daemon: it reads the Node for node IPs and decides which
@@ -94,6 +98,7 @@ func New(ctx context.Context, cfg *config.Config, client kubernetes.Interface) (
 		d.Close()
 		return nil, fmt.Errorf("%w (node IPs %s)", errNoFamily, ips.String())
 	}
+	d.cold = newColdStart(slices.Collect(maps.Keys(d.proxiers)), releaseMemory)
 	if d.meta, err = metaproxier.New(fps...); err != nil {
 		d.Close()
 		return nil, err
@@ -119,7 +124,11 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 		Runner:            runnerOptions(d.cfg),
 		Observer:          d.metrics,
 		Conntrack:         conntrack.New(),
-		LocalStateChanged: d.local.update,
+		// Called after every successful full sync, the first one included.
+		LocalStateChanged: func(f *family.Family, st *model.State) {
+			d.local.update(f, st)
+			d.cold.synced(f)
+		},
 	})
 }
 

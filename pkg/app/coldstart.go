@@ -1,0 +1,57 @@
+package app
+
+import (
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+)
+
+// coldStart returns the cold start's memory to the system once every family has
+// synced for the first time. The first sync builds each family's whole ruleset;
+// the heap it leaves behind (netlink batches, element lists, decoded API objects:
+// at 10k Services 60 MB beyond what stays live) would otherwise stay with the
+// process, since Go's collector paces itself from the cold start's peak and a proxy
+// that only follows changes allocates too little to bring the next collection on.
+type coldStart struct {
+	mu      sync.Mutex
+	pending map[*family.Family]bool // nil once released
+	release func()
+}
+
+func newColdStart(fams []*family.Family, release func()) *coldStart {
+	c := &coldStart{pending: map[*family.Family]bool{}, release: release}
+	for _, f := range fams {
+		c.pending[f] = true
+	}
+	return c
+}
+
+// synced records a successful sync of f; the last family's first one releases
+// the memory, once, on a goroutine of its own.
+func (c *coldStart) synced(f *family.Family) {
+	c.mu.Lock()
+	if c.pending == nil || !c.pending[f] {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.pending, f)
+	done := len(c.pending) == 0
+	if done {
+		c.pending = nil
+	}
+	c.mu.Unlock()
+	if done {
+		go c.release()
+	}
+}
+
+// releaseMemory collects garbage and returns the free heap to the system.
+func releaseMemory() {
+	start := time.Now()
+	debug.FreeOSMemory()
+	klog.V(2).InfoS("Returned the cold start's free memory to the system", "elapsed", time.Since(start))
+}

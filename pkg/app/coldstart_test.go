@@ -1,0 +1,44 @@
+package app
+
+import (
+	"testing"
+	"time"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+)
+
+func TestColdStartReleasesOnceAfterEveryFamily(t *testing.T) {
+	released := make(chan struct{}, 4)
+	c := newColdStart(family.All, func() { released <- struct{}{} })
+	none := func(what string) {
+		t.Helper()
+		select {
+		case <-released:
+			t.Fatalf("released %s", what)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	c.synced(family.IPv4)
+	c.synced(family.IPv4) // a second sync of the same family
+	none("before every family synced")
+	c.synced(family.IPv6)
+	select {
+	case <-released:
+	case <-time.After(5 * time.Second):
+		t.Fatal("not released after every family synced")
+	}
+	c.synced(family.IPv4)
+	c.synced(family.IPv6)
+	none("twice")
+
+	// A single-family daemon releases after its one family.
+	one := newColdStart([]*family.Family{family.IPv6}, func() { released <- struct{}{} })
+	one.synced(family.IPv4) // not one of its families
+	none("after a family the daemon does not run")
+	one.synced(family.IPv6)
+	select {
+	case <-released:
+	case <-time.After(5 * time.Second):
+		t.Fatal("single family: not released")
+	}
+}
