@@ -113,17 +113,17 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 	}
 	d.kernels = append(d.kernels, k)
 	return proxier.New(proxier.Config{
-		Family:            f,
-		NodeName:          d.nodeName,
-		Backend:           nftables.New(f, k, nftables.Options{RebuildEvery: 1}),
-		NodePorts:         d.registry,
-		NodePortSpec:      np,
-		NodeIP:            ip,
-		Local:             localDetector(d.cfg, f, node),
-		MasqueradeAll:     d.cfg.MasqueradeAll,
-		Runner:            runnerOptions(d.cfg),
-		Observer:          d.metrics,
-		Conntrack:         conntrack.New(),
+		Family:        f,
+		NodeName:      d.nodeName,
+		Backend:       nftables.New(f, k, nftables.Options{RebuildEvery: 1}),
+		NodePorts:     d.registry,
+		NodePortSpec:  np,
+		NodeIP:        ip,
+		Local:         localDetector(d.cfg, f, node),
+		MasqueradeAll: d.cfg.MasqueradeAll,
+		Runner:        runnerOptions(d.cfg),
+		Observer:      d.metrics,
+		Conntrack:     conntrack.New(),
 		// Called after every successful full sync, the first one included.
 		LocalStateChanged: func(f *family.Family, st *model.State) {
 			d.local.update(f, st)
