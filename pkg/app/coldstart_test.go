@@ -18,15 +18,19 @@ func TestColdStartReleasesOnceAfterEveryFamily(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	once := func(what string) {
+		t.Helper()
+		select {
+		case <-released:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("not released %s", what)
+		}
+	}
 	c.synced(family.IPv4)
 	c.synced(family.IPv4) // a second sync of the same family
 	none("before every family synced")
 	c.synced(family.IPv6)
-	select {
-	case <-released:
-	case <-time.After(5 * time.Second):
-		t.Fatal("not released after every family synced")
-	}
+	once("after every family synced")
 	c.synced(family.IPv4)
 	c.synced(family.IPv6)
 	none("twice")
@@ -36,9 +40,5 @@ func TestColdStartReleasesOnceAfterEveryFamily(t *testing.T) {
 	one.synced(family.IPv4) // not one of its families
 	none("after a family the daemon does not run")
 	one.synced(family.IPv6)
-	select {
-	case <-released:
-	case <-time.After(5 * time.Second):
-		t.Fatal("single family: not released")
-	}
+	once("single family, after it synced")
 }

@@ -123,11 +123,7 @@ func testNetlinkDifferential(t *testing.T, fam *family.Family, flush bool) {
 	ad := addrsFor(fam)
 
 	tx := NewTx(fam)
-	rs.base(tx)
-	rs.service(tx, ad.svc, 80, false, ad.ep0, ad.ep1)
-	rs.service(tx, ad.svcAff, 80, true, ad.epAff0, ad.epA1)
-	rs.service(tx, ad.svcNoEP, 80, false)
-	rs.nodePort(tx, 30080, ad.svc, 80)
+	loadTestServices(tx, rs, ad)
 	tx.AddTable("aux")
 	tx.DeleteTable("never-existed")
 	d.apply("initial load", tx, nil)

@@ -40,11 +40,7 @@ func newTracedFake(t *testing.T, fam *family.Family) (*Fake, testAddrs) {
 	rs := newTestRuleset(fam)
 	ad := addrsFor(fam)
 	tx := NewTx(fam)
-	rs.base(tx)
-	rs.service(tx, ad.svc, 80, false, ad.ep0, ad.ep1)
-	rs.service(tx, ad.svcAff, 80, true, ad.epAff0, ad.epA1)
-	rs.service(tx, ad.svcNoEP, 80, false)
-	rs.nodePort(tx, 30080, ad.svc, 80)
+	loadTestServices(tx, rs, ad)
 	f := NewFake()
 	if err := f.Apply(context.Background(), tx); err != nil {
 		t.Fatalf("apply: %v\n%s", err, tx)
@@ -251,4 +247,14 @@ func TestTraceUnknownExpression(t *testing.T) {
 	if _, err := f.Trace(Node{}, Packet{Family: fam, Src: p.Src, Dst: p.Dst}); err == nil {
 		t.Fatal("packet without origin traced")
 	}
+}
+
+// loadTestServices queues the base ruleset and the test services: one with two
+// endpoints, one with affinity, one without endpoints, and a NodePort.
+func loadTestServices(tx *Tx, rs *testRuleset, ad testAddrs) {
+	rs.base(tx)
+	rs.service(tx, ad.svc, 80, false, ad.ep0, ad.ep1)
+	rs.service(tx, ad.svcAff, 80, true, ad.epAff0, ad.epA1)
+	rs.service(tx, ad.svcNoEP, 80, false)
+	rs.nodePort(tx, 30080, ad.svc, 80)
 }
