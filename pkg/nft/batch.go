@@ -202,7 +202,7 @@ func extackMessage(b []byte) string {
 // the operation of a message.
 func (w *batchWriter) batchResult(replies []reply, acked uint32, describe func(op int) string) error {
 	var errs []error
-	ok := false
+	ok, failed := false, 0
 	for _, r := range replies {
 		if r.errno == 0 {
 			ok = ok || r.seq == acked
@@ -212,6 +212,9 @@ func (w *batchWriter) batchResult(replies []reply, acked uint32, describe func(o
 		if i >= uint32(len(w.ops)) {
 			continue // not this batch's
 		}
+		if failed++; failed > maxReplyErrors {
+			continue
+		}
 		what := "commit"
 		if op := w.ops[i]; op >= 0 {
 			what = describe(int(op))
@@ -220,13 +223,11 @@ func (w *batchWriter) batchResult(replies []reply, acked uint32, describe func(o
 		if r.extack != "" {
 			err = fmt.Errorf("%s: %w (%s)", what, r.errno, r.extack)
 		}
-		if len(errs) == 8 {
-			errs = append(errs, fmt.Errorf("and %d more errors", len(replies)-8))
-			break
-		}
 		errs = append(errs, err)
 	}
 	switch {
+	case failed > maxReplyErrors:
+		return replyErrors(append(errs, fmt.Errorf("and %d more errors", failed-maxReplyErrors)))
 	case len(errs) > 0:
 		return replyErrors(errs)
 	case !ok:
@@ -234,6 +235,9 @@ func (w *batchWriter) batchResult(replies []reply, acked uint32, describe func(o
 	}
 	return nil
 }
+
+// maxReplyErrors bounds the errors a failed batch's error lists.
+const maxReplyErrors = 8
 
 // applyBatch sends tx as one batch of its own encoding (see batchWriter).
 func (n *Netlink) applyBatch(fam nftables.TableFamily, tx *Tx) error {

@@ -166,6 +166,17 @@ func TestBatchReplies(t *testing.T) {
 		t.Errorf("error on BATCH_BEGIN: %v, want a commit error", err)
 	}
 
+	// Many failures: the first maxReplyErrors, then a count of the rest.
+	many := batchWriter{seq: 1, ops: make([]int32, 21)}
+	var replies20 []reply
+	for i := range 20 {
+		replies20 = append(replies20, reply{seq: uint32(2 + i), errno: syscall.ENOENT})
+	}
+	err = many.batchResult(append(replies20, reply{seq: 21}), 21, describe)
+	if n := strings.Count(err.Error(), "no such file"); n != maxReplyErrors || !strings.HasSuffix(err.Error(), "and 12 more errors") {
+		t.Errorf("20 failures: %d listed, error %q", n, err)
+	}
+
 	for _, bad := range [][]byte{
 		{1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, // length 1
 		errMsg(41, syscall.ENOENT, "x")[:30],             // length beyond the datagram
