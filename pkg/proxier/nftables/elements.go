@@ -66,8 +66,9 @@ type portBuilder struct {
 	used  [2]bool
 	// replay: rec's slots are the ones to use, not to reassign.
 	replay bool
-	// old are the slots before this assignment (unless replay).
-	old [2][]netip.AddrPort
+	// old is rec as it was before this assignment (unless replay): its slots
+	// are derived only for the lists used.
+	old portRecord
 	// slots and data hold each used list's slots and their @endpoints data
 	// (epaddr . epport), shared by every frontend that uses the list.
 	slots [2][]netip.AddrPort
@@ -92,7 +93,7 @@ func (b *portBuilder) list(local bool) ([]netip.AddrPort, []string) {
 		if b.replay {
 			b.slots[l] = b.rec.slotList(l)
 		} else {
-			b.slots[l] = assignSlots(b.old[l], eps)
+			b.slots[l] = assignSlots(b.old.slotList(l), eps)
 			b.rec.slots[l] = nil
 			if !inOrder(b.slots[l], eps) {
 				b.rec.slots[l] = b.slots[l]
@@ -183,7 +184,7 @@ func (b *portBuilder) frontend(k kind, key string, local bool) {
 // recording ps and the node config in rec. A port with a protocol the kernel rules
 // can't match contributes nothing.
 func (c *cache) portContribs(ps *model.PortState, rec *portRecord) []contrib {
-	old := [2][]netip.AddrPort{rec.slotList(listCluster), rec.slotList(listLocal)}
+	old := *rec
 	rec.ps, rec.node = ps, c.node
 	return c.contribs(rec, false, old)
 }
@@ -191,13 +192,13 @@ func (c *cache) portContribs(ps *model.PortState, rec *portRecord) []contrib {
 // recorded computes again what rec's port contributed when it was last set: the
 // same state, node config and slots give the same elements.
 func (c *cache) recorded(rec *portRecord) []contrib {
-	return c.contribs(rec, true, [2][]netip.AddrPort{})
+	return c.contribs(rec, true, portRecord{})
 }
 
 // contribs computes the contributions of rec.ps with the node config rec.node.
 // Unless replay is set it first (re)assigns rec's slots from old; with replay the
 // slots are used as they are.
-func (c *cache) contribs(rec *portRecord, replay bool, old [2][]netip.AddrPort) []contrib {
+func (c *cache) contribs(rec *portRecord, replay bool, old portRecord) []contrib {
 	ps := rec.ps
 	if ps == nil {
 		return nil
