@@ -54,6 +54,22 @@ func oneLocal(opts ...svcOpt) func(e *env) {
 	}
 }
 
+// sharedExternalIP: Services "a" (pods 1..na) and "b" (pods 11..10+nb), both
+// with ExternalIP Ext(3) on port 80.
+func sharedExternalIP(na, nb int) func(e *env) {
+	return func(e *env) {
+		var a, b []model.Endpoint
+		for i := range na {
+			a = append(a, ep(e.f, 1+i, 8080, false))
+		}
+		for i := range nb {
+			b = append(b, ep(e.f, 11+i, 8080, false))
+		}
+		e.put(svc(e.f, "a", 20, 80, tcp, externalIP(3)), a...)
+		e.put(svc(e.f, "b", 21, 80, tcp, externalIP(3)), b...)
+	}
+}
+
 func both(f *family.Family) []netip.AddrPort {
 	return []netip.AddrPort{pod(f, 1, 8080), pod(f, 2, 8080)}
 }
@@ -157,6 +173,17 @@ var behaviourCases = []behaviourCase{
 		func(f *family.Family) outcome { return dnatTo(false, both(f)...) }},
 	{"affinity on nodePort", twoRemote(affinity(60)), at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
 		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	// Two Services claiming one ExternalIP:port: the first by name (the lowest
+	// owner) gets all of its traffic, whichever dispatch rule a packet meets
+	// first (the other's rule finds no element past the owner's list and
+	// falls through to the owner's).
+	{"shared ExternalIP: the first Service serves it", sharedExternalIP(3, 5), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 3, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, pod(f, 1, 8080), pod(f, 2, 8080), pod(f, 3, 8080)) }},
+	// With the longer list, the owner's traffic still goes only to its own
+	// endpoints, but the other's rule (@ext-3, met first) picks among its
+	// first three.
+	{"shared ExternalIP: the first Service serves it, though its list is longer", sharedExternalIP(5, 3), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 3, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, pod(f, 1, 8080), pod(f, 2, 8080), pod(f, 3, 8080)) }},
 	{"other traffic is untouched", twoRemote(), at(fromPod(5), func(f *family.Family) netip.AddrPort { return ext(f, 50, 443) }, tcp),
 		func(f *family.Family) outcome { return outcome{verdict: nft.Accept} }},
 }

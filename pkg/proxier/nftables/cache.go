@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"encoding/binary"
 	"maps"
 	"net/netip"
 	"slices"
@@ -85,12 +86,21 @@ func (e *element) remove(o owner) (left bool) {
 }
 
 type setState struct {
-	key     setKey
-	def     *nft.Set
-	elems   map[string]element
-	written bool // created in the kernel
-	// pending are the elements to add, in first-added order, while the cache is
-	// fresh (see cache.fresh).
+	key   setKey
+	def   *nft.Set
+	elems map[string]element
+	// elemSize is set for the endpoint maps (listSet): the size of one element's
+	// data. Their elems hold lists, one per frontend and endpoint list, each keyed
+	// by its first element's key with its elements' data one after the other;
+	// drain expands them. count is then how many elements the kernel's map holds.
+	//
+	// A list is nearly always one element of the cache where its elements were
+	// ten: at 10k Services that was 200k map entries and 400k strings in both
+	// families, the largest thing the proxy kept.
+	elemSize, count int
+	written         bool // created in the kernel
+	// pending are the elements (for the endpoint maps, lists) to add, in
+	// first-added order, while the cache is fresh (see cache.fresh).
 	pending []nft.Element
 }
 
@@ -181,6 +191,9 @@ func (c *cache) set(k setKey) *setState {
 	s, ok := c.sets[k]
 	if !ok {
 		s = &setState{key: k, def: c.types.setDef(k), elems: map[string]element{}}
+		if listSet(k) {
+			s.elemSize = c.x.f.BitLen/8 + 4 // epaddr . epport
+		}
 		c.sets[k] = s
 		c.chainsStale = c.chainsStale || k.dynamic()
 		if k.isGrp {
@@ -205,6 +218,27 @@ func (c *cache) touch(s *setState, key string) (element, bool) {
 	return e, ok
 }
 
+// listSet reports whether k is an endpoint map, whose elements the cache keeps
+// as lists (see setState.elemSize).
+func listSet(k setKey) bool {
+	return !k.isGrp && !k.isFW() && (k.fixed == setEndpoints || k.fixed == setNodePortEndpoints)
+}
+
+// size returns how many elements the kernel's set holds.
+func (s *setState) size() int {
+	if s.elemSize > 0 {
+		return s.count
+	}
+	return len(s.elems)
+}
+
+// recount keeps count when a list's effective data goes from old to cur.
+func (s *setState) recount(old, cur string) {
+	if s.elemSize > 0 {
+		s.count += (len(cur) - len(old)) / s.elemSize
+	}
+}
+
 func (c *cache) addOwner(id uint32, ct contrib) {
 	s := c.set(ct.set)
 	o := owner{id: id, data: ct.data}
@@ -212,22 +246,28 @@ func (c *cache) addOwner(id uint32, ct contrib) {
 		e, ok := s.elems[ct.key]
 		if !ok {
 			s.elems[ct.key] = element{first: o}
+			s.recount("", ct.data)
 			s.pending = append(s.pending, elementOf(ct.key, ct.data, s.def.IsMap))
 			return
 		}
 		if id <= e.first.id {
 			c.freshDirty = true
 		}
+		old := e.effective()
 		e.insert(o)
+		s.recount(old, e.effective())
 		s.elems[ct.key] = e
 		return
 	}
 	e, ok := c.touch(s, ct.key)
 	if !ok {
 		s.elems[ct.key] = element{first: o}
+		s.recount("", ct.data)
 		return
 	}
+	old := e.effective()
 	e.insert(o)
+	s.recount(old, e.effective())
 	s.elems[ct.key] = e
 }
 
@@ -244,10 +284,13 @@ func (c *cache) removeOwner(id uint32, ct contrib) {
 	if !ok {
 		return
 	}
+	old := e.effective()
 	if e.remove(owner{id: id, data: ct.data}) {
 		s.elems[ct.key] = e
+		s.recount(old, e.effective())
 	} else {
 		delete(s.elems, ct.key)
+		s.recount(old, "")
 	}
 }
 
@@ -322,8 +365,13 @@ func (c *cache) drain(table string, gc bool) *plan {
 			add = s.pending
 		case c.fresh:
 			add = c.allElements(s)
+		case s.elemSize > 0:
+			del, add = c.listDiff(s)
 		default:
 			del, add = c.elementDiff(s)
+		}
+		if c.fresh && s.elemSize > 0 {
+			add = expandLists(add, s.elemSize)
 		}
 		s.pending = nil
 		if len(del) > 0 {
@@ -378,7 +426,7 @@ func (c *cache) cheapBind(g group) bool {
 	if kinds[g.kind].nodePort {
 		m = c.sets[fixedKey(setNodePortEndpoints)]
 	}
-	return !m.written || len(m.elems) < spareMaxElements
+	return !m.written || m.size() < spareMaxElements
 }
 
 // addSpares creates the spare groups of the groups this sync creates (all of them
@@ -442,6 +490,71 @@ func (c *cache) elementDiff(s *setState) (del, add []nft.Element) {
 		}
 	}
 	return del, add
+}
+
+// listDiff is elementDiff for an endpoint map: every touched list is compared
+// element by element with what it was, so a list that changed in one endpoint
+// costs one element.
+func (c *cache) listDiff(s *setState) (del, add []nft.Element) {
+	t := c.touched[s.key]
+	for _, key := range slices.Sorted(maps.Keys(t)) {
+		e := s.elems[key] // the zero element when gone: no data
+		del, add = diffList(del, add, key, t[key].data, e.effective(), s.elemSize)
+	}
+	return del, add
+}
+
+// diffList appends to del and add the element operations that turn list key's
+// elements (size bytes of data each) from old into cur: an element whose data
+// changed is deleted and added again (a map element can't be overwritten).
+func diffList(del, add []nft.Element, key, old, cur string, size int) ([]nft.Element, []nft.Element) {
+	if old == cur {
+		return del, add
+	}
+	front, first := key[:len(key)-4], binary.NativeEndian.Uint32(bytesOf(key[len(key)-4:]))
+	for i := range max(len(old), len(cur)) / size {
+		var o, n string
+		if (i+1)*size <= len(old) {
+			o = old[i*size : (i+1)*size]
+		}
+		if (i+1)*size <= len(cur) {
+			n = cur[i*size : (i+1)*size]
+		}
+		if o == n {
+			continue
+		}
+		k := listKey(front, first+uint32(i))
+		if o != "" {
+			del = append(del, nft.Element{Key: bytesOf(k)})
+		}
+		if n != "" {
+			add = append(add, elementOf(k, n, true))
+		}
+	}
+	return del, add
+}
+
+// expandLists turns lists of an endpoint map (see setState.elemSize) into the
+// kernel's elements: frontend . (first + i) → the list's endpoint i. The keys of
+// one list share one allocation.
+func expandLists(lists []nft.Element, size int) []nft.Element {
+	n := 0
+	for _, l := range lists {
+		n += len(l.Data) / size
+	}
+	out := make([]nft.Element, 0, n)
+	for _, l := range lists {
+		cnt, kl := len(l.Data)/size, len(l.Key)
+		first := binary.NativeEndian.Uint32(l.Key[kl-4:])
+		buf := make([]byte, 0, kl*cnt)
+		for i := range cnt {
+			at := len(buf)
+			buf = append(buf, l.Key[:kl-4]...)
+			buf = binary.NativeEndian.AppendUint32(buf, first+uint32(i)) // nft.IndexBytes
+			out = append(out, nft.Element{Key: buf[at:len(buf):len(buf)], Data: l.Data[i*size : (i+1)*size : (i+1)*size]})
+		}
+	}
+	return out
 }
 
 // elementOf returns the element for key and data. Its byte slices share the

@@ -70,9 +70,10 @@ type portBuilder struct {
 	// are derived only for the lists used.
 	old portRecord
 	// slots and data hold each used list's slots and their @endpoints data
-	// (epaddr . epport), shared by every frontend that uses the list.
+	// (epaddr . epport of every slot, in one string), shared by every frontend
+	// that uses the list.
 	slots [2][]netip.AddrPort
-	data  [2][]string
+	data  [2]string
 }
 
 func (b *portBuilder) add(set setKey, key, data string) {
@@ -82,7 +83,7 @@ func (b *portBuilder) add(set setKey, key, data string) {
 // list returns the Local (or Cluster) endpoint list in slot order and its
 // elements' data, assigning the slots on first use: every frontend that uses a
 // list shares its slots.
-func (b *portBuilder) list(local bool) ([]netip.AddrPort, []string) {
+func (b *portBuilder) list(local bool) ([]netip.AddrPort, string) {
 	l := listOf(local)
 	if !b.used[l] {
 		eps := b.ps.Cluster
@@ -119,10 +120,11 @@ func inOrder(slots []netip.AddrPort, eps []model.Endpoint) bool {
 	return j == len(slots)
 }
 
-// epData encodes the endpoints as @endpoints data, all in one string.
-func epData(eps []netip.AddrPort) []string {
+// epData encodes the endpoints as @endpoints data (epaddr . epport each), one
+// after the other in one string.
+func epData(eps []netip.AddrPort) string {
 	if len(eps) == 0 {
-		return nil
+		return ""
 	}
 	n := len(eps[0].Addr().Unmap().AsSlice()) + 4
 	buf := make([]byte, 0, n*len(eps))
@@ -130,7 +132,7 @@ func epData(eps []netip.AddrPort) []string {
 		buf = appendAddr(buf, ap.Addr())
 		buf = append(buf, byte(ap.Port()>>8), byte(ap.Port()), 0, 0)
 	}
-	return splitString(string(buf), n, len(eps))
+	return string(buf)
 }
 
 // appendAddr appends a's nft.AddrBytes.
@@ -144,19 +146,10 @@ func appendAddr(buf []byte, a netip.Addr) []byte {
 	return append(buf, b[:]...)
 }
 
-// splitString cuts s into n strings of size bytes each (they share s's memory: one
-// allocation instead of n).
-func splitString(s string, size, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = s[i*size : (i+1)*size]
-	}
-	return out
-}
-
 // frontend puts key (a vip key, or an np key for the NodePort kinds) into the
-// dispatch set of kind k and writes its endpoint elements:
-// key . (offset + i) → endpoint i of the Local (or Cluster) list.
+// dispatch set of kind k and writes its endpoint elements,
+// key . (offset + i) → endpoint i of the Local (or Cluster) list, as one list
+// contribution (see listKey).
 func (b *portBuilder) frontend(k kind, key string, local bool) {
 	ki := kinds[k]
 	eps, data := b.list(local)
@@ -168,16 +161,15 @@ func (b *portBuilder) frontend(k kind, key string, local bool) {
 	if len(eps) == 0 {
 		return
 	}
-	size := len(key) + 4
-	buf := make([]byte, 0, size*len(eps))
-	for i := range eps {
-		buf = append(buf, key...)
-		buf = binary.NativeEndian.AppendUint32(buf, ki.offset()+uint32(i)) // nft.IndexBytes
-	}
-	keys := splitString(string(buf), size, len(eps))
-	for i := range eps {
-		b.add(set, keys[i], data[i])
-	}
+	b.add(set, listKey(key, ki.offset()), data)
+}
+
+// listKey is the key of a list contribution to an endpoint map: the frontend key
+// and the index of the list's first element, which is the key of that element.
+func listKey(front string, first uint32) string {
+	buf := make([]byte, 0, len(front)+4)
+	buf = append(buf, front...)
+	return string(binary.NativeEndian.AppendUint32(buf, first)) // nft.IndexBytes
 }
 
 // portContribs computes what ps needs in the sets, assigning rec's slots and
@@ -229,8 +221,8 @@ func (c *cache) contribs(rec *portRecord, replay bool, old portRecord) []contrib
 }
 
 // contribsHint estimates how many contributions ps makes (exact for the common
-// shapes: a ClusterIP, optionally a NodePort and external addresses, ETP Cluster,
-// and the local endpoints' @hairpin elements).
+// shapes with endpoints: a ClusterIP, optionally a NodePort and external
+// addresses, ETP Cluster, and the local endpoints' @hairpin elements).
 func contribsHint(ps *model.PortState) int {
 	fronts := 1
 	if ps.ExternallyAccessible() {
@@ -239,7 +231,7 @@ func contribsHint(ps *model.PortState) int {
 			fronts++
 		}
 	}
-	n := 1 + fronts*(1+len(ps.Cluster))
+	n := 1 + 2*fronts // dispatch set and endpoint list of each
 	for i := range ps.Cluster {
 		if ps.Cluster[i].Local {
 			n++ // @hairpin
