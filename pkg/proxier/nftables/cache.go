@@ -333,6 +333,10 @@ func (c *cache) setNode(node *proxier.NodeConfig) {
 // plan is the operations derived from the touched elements, by phase.
 type plan struct {
 	addSets, deletes, adds, chains, delSets []nft.Op
+	// listSize is set at a cold start: the adds of the endpoint maps named here
+	// hold lists (see setState.elemSize) of elements of this data size, which
+	// coldTxs expands one transaction at a time.
+	listSize map[string]int
 }
 
 // drain turns the touched elements into delete and add operations (a changed map
@@ -371,7 +375,10 @@ func (c *cache) drain(table string, gc bool) *plan {
 			del, add = c.elementDiff(s)
 		}
 		if c.fresh && s.elemSize > 0 {
-			add = expandLists(add, s.elemSize)
+			if p.listSize == nil {
+				p.listSize = map[string]int{}
+			}
+			p.listSize[s.def.Name] = s.elemSize
 		}
 		s.pending = nil
 		if len(del) > 0 {

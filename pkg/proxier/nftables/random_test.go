@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nft"
 )
 
 // randomPort returns a service port called name with attributes drawn from small
@@ -174,4 +176,60 @@ func lineDiff(got, want string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// txLog is a Kernel that records how many elements each transaction adds.
+type txLog struct {
+	nft.Kernel
+	adds []int
+}
+
+func (l *txLog) Apply(ctx context.Context, tx *nft.Tx) error {
+	n := 0
+	for _, op := range tx.Ops {
+		if op.Kind == nft.OpAddElements {
+			n += len(op.Elements)
+		}
+	}
+	l.adds = append(l.adds, n)
+	return l.Kernel.Apply(ctx, tx)
+}
+
+// TestColdStartChunks: a cold start split into transactions of at most n
+// elements (endpoint lists expanded as each transaction is built, a list split
+// across two when it does not fit) writes exactly what one transaction writes,
+// every transaction but the last full.
+func TestColdStartChunks(t *testing.T) {
+	for _, f := range family.All {
+		r := rand.New(rand.NewPCG(7, 7))
+		one := newEnv(t, f)
+		for i := range 40 {
+			sp, eps := randomPort(f, r, fmt.Sprintf("p%04d", i))
+			one.put(sp, eps...)
+		}
+		one.sync(true)
+		want := one.fake.Dump(f)
+		for _, n := range []int{1, 3, 7, 64} {
+			t.Run(fmt.Sprintf("%s/%d", f.Name, n), func(t *testing.T) {
+				e := newEnv(t, f)
+				log := &txLog{Kernel: e.fake}
+				e.b = New(f, log, Options{MaxElementsPerTx: n})
+				e.state, e.eps = one.state, one.eps
+				e.sync(true)
+				if got := e.fake.Dump(f); got != want {
+					t.Fatalf("ruleset differs from one transaction's:\n%s", lineDiff(got, want))
+				}
+				total := 0
+				for i, a := range log.adds {
+					total += a
+					if a > n || (a < n && i < len(log.adds)-1) {
+						t.Errorf("transaction %d of %d adds %d elements (limit %d)", i+1, len(log.adds), a, n)
+					}
+				}
+				if elems := len(strings.Split(setContents(t, one), "\n")); len(log.adds) < 2 || total != elems {
+					t.Errorf("%d transactions adding %d elements; the ruleset has %d", len(log.adds), total, elems)
+				}
+			})
+		}
+	}
 }

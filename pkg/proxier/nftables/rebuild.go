@@ -32,10 +32,10 @@ func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs
 	c.fill(req)
 	p := c.drain(target, true)
 	p.chains = c.chainOps(target)
-	txs := b.coldTxs(c, target, p)
-	for i, tx := range txs {
-		if err := b.apply(ctx, tx, &res); err != nil {
-			return res, fmt.Errorf("nftables %s: rebuild of table %s, transaction %d of %d: %w", b.f, target, i+1, len(txs), err)
+	n, next := b.coldTxs(c, target, p)
+	for i := range n {
+		if err := b.apply(ctx, next(), &res); err != nil {
+			return res, fmt.Errorf("nftables %s: rebuild of table %s, transaction %d of %d: %w", b.f, target, i+1, n, err)
 		}
 	}
 	b.c, b.table, b.dirty = c, target, false
@@ -96,31 +96,102 @@ func (c *cache) fill(req *proxier.SyncRequest) {
 
 // coldTxs splits a fresh table's plan into transactions: the first creates the
 // table, sets and regular chains; element additions fill transactions up to the
-// limit; the last also hooks the table in and deletes the other table name.
-func (b *Backend) coldTxs(c *cache, target string, p *plan) []*nft.Tx {
-	first := nft.NewTx(b.f)
-	first.DeleteTable(target)
-	first.AddTable(target)
-	first.Ops = slices.Concat(first.Ops, p.addSets, p.chains)
-	txs := []*nft.Tx{first}
-	cur, n := first, 0
+// limit; the last also hooks the table in and deletes the other table name. It
+// returns how many there are and a function that builds the next one: the
+// endpoint maps' lists are expanded into elements only as their transaction is
+// built, so a cold start holds one transaction's elements at a time rather than
+// all of them (16 MB at 10k Services in both families).
+func (b *Backend) coldTxs(c *cache, target string, p *plan) (int, func() *nft.Tx) {
+	limit := b.opts.MaxElementsPerTx
+	total := 0
 	for _, op := range p.adds {
-		for elems := op.Elements; len(elems) > 0; {
-			if n == b.opts.MaxElementsPerTx {
-				cur, n = nft.NewTx(b.f), 0
-				txs = append(txs, cur)
+		if size := p.listSize[op.SetName]; size > 0 {
+			for _, l := range op.Elements {
+				total += len(l.Data) / size
 			}
-			k := min(b.opts.MaxElementsPerTx-n, len(elems))
-			cur.AddElements(target, op.SetName, elems[:k])
-			elems, n = elems[k:], n+k
+		} else {
+			total += len(op.Elements)
 		}
 	}
-	for _, ch := range b.x.baseChainList() {
-		c.chains[ch.Name] = ch
-		cur.SetChain(target, ch)
+	n := max(1, (total+limit-1)/limit)
+	cur := &elemCursor{ops: p.adds, sizes: p.listSize}
+	built := 0
+	return n, func() *nft.Tx {
+		tx := nft.NewTx(b.f)
+		if built == 0 {
+			tx.DeleteTable(target)
+			tx.AddTable(target)
+			tx.Ops = slices.Concat(tx.Ops, p.addSets, p.chains)
+		}
+		built++
+		for room := limit; room > 0; {
+			set, elems := cur.take(room)
+			if len(elems) == 0 {
+				break
+			}
+			tx.AddElements(target, set, elems)
+			room -= len(elems)
+		}
+		if built == n {
+			for _, ch := range b.x.baseChainList() {
+				c.chains[ch.Name] = ch
+				tx.SetChain(target, ch)
+			}
+			tx.DeleteTable(otherTable(target))
+		}
+		return tx
 	}
-	cur.DeleteTable(otherTable(target))
-	return txs
+}
+
+// elemCursor hands out the elements of a plan's additions in order, expanding
+// the endpoint maps' lists (ops whose set has a size in sizes) as they are taken.
+type elemCursor struct {
+	ops   []nft.Op
+	sizes map[string]int
+	op    int           // the current op
+	pos   int           // its next element or list
+	rest  []nft.Element // the expanded elements of a list not taken yet
+}
+
+// take returns up to n elements of one set and the set's name; none when every
+// element was taken.
+func (c *elemCursor) take(n int) (string, []nft.Element) {
+	for c.op < len(c.ops) {
+		op := &c.ops[c.op]
+		if len(c.rest) > 0 {
+			k := min(n, len(c.rest))
+			out := c.rest[:k]
+			c.rest = c.rest[k:]
+			return op.SetName, out
+		}
+		if c.pos == len(op.Elements) {
+			c.op, c.pos = c.op+1, 0
+			continue
+		}
+		size := c.sizes[op.SetName]
+		if size == 0 {
+			k := min(n, len(op.Elements)-c.pos)
+			out := op.Elements[c.pos : c.pos+k]
+			c.pos += k
+			return op.SetName, out
+		}
+		// Whole lists while they fit; a list that does not is expanded alone
+		// and handed out in parts.
+		j, cnt := c.pos, 0
+		for j < len(op.Elements) && cnt+len(op.Elements[j].Data)/size <= n {
+			cnt += len(op.Elements[j].Data) / size
+			j++
+		}
+		if j == c.pos {
+			c.rest = expandLists(op.Elements[j:j+1], size)
+			c.pos++
+			continue
+		}
+		out := expandLists(op.Elements[c.pos:j], size)
+		c.pos = j
+		return op.SetName, out
+	}
+	return "", nil
 }
 
 // liveTable returns the name of the table whose base chains are hooked in, or "".
