@@ -11,12 +11,12 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/kubernetes"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/app"
 	"github.com/dsproxy/dsproxy/pkg/config"
+	"github.com/dsproxy/dsproxy/pkg/kubeclient"
 )
 
 func main() {
@@ -55,7 +55,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := kubeclient.New(rc)
 	if err != nil {
 		return fmt.Errorf("API client: %w", err)
 	}

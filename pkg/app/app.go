@@ -13,14 +13,13 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/kubeclient"
 	"github.com/dsproxy/dsproxy/pkg/nodeip"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
@@ -82,10 +81,10 @@ func NodeIPSpec(cfg *config.Config) (nodeip.Spec, error) {
 // waitForNode fetches the proxy's Node, retrying for up to timeout (the kubelet may
 // not have registered it yet). A missing Node is not fatal: node IPs then come from
 // local interfaces.
-func waitForNode(ctx context.Context, client kubernetes.Interface, name string, timeout time.Duration) *v1.Node {
+func waitForNode(ctx context.Context, client *kubeclient.Client, name string, timeout time.Duration) *v1.Node {
 	deadline := time.Now().Add(timeout)
 	for {
-		node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		node, err := client.Node(ctx, name)
 		if err == nil {
 			return node
 		}

@@ -49,6 +49,25 @@ func (c *coldStart) synced(f *family.Family) {
 	}
 }
 
+// coldStartGCPercent is the collector's target (GOGC) until the cold start is
+// released. While the informers fill and the first syncs build every ruleset
+// the live heap only grows, and GOGC=100 lets the heap reach twice what was
+// live at the last collection: that peak, not the steady state, is what a
+// DaemonSet's memory limit must hold. Half the usual target took the peak at
+// 10k Services from 151-157 to 145-147 MiB, for about 0.1 s more CPU once.
+const coldStartGCPercent = 50
+
+// tightenGC sets the collector's target to percent unless it is lower already
+// (or off), and returns the function that restores the previous target.
+func tightenGC(percent int) (restore func()) {
+	prev := debug.SetGCPercent(percent)
+	if prev < 0 || prev <= percent {
+		debug.SetGCPercent(prev)
+		return func() {}
+	}
+	return func() { debug.SetGCPercent(prev) }
+}
+
 // releaseMemory collects garbage and returns the free heap to the system.
 func releaseMemory() {
 	start := time.Now()

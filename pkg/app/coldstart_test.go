@@ -1,6 +1,7 @@
 package app
 
 import (
+	"runtime/debug"
 	"testing"
 	"time"
 
@@ -41,4 +42,32 @@ func TestColdStartReleasesOnceAfterEveryFamily(t *testing.T) {
 	none("after a family the daemon does not run")
 	one.synced(family.IPv6)
 	once("single family, after it synced")
+}
+
+// gcPercent reads the collector's target.
+func gcPercent() int {
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	return p
+}
+
+func TestTightenGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	for _, tc := range []struct{ before, during int }{
+		{100, 50}, // the default: halved until restored
+		{200, 50},
+		{30, 30}, // already tighter: left alone
+		{50, 50},
+		{-1, -1}, // GOGC=off: left off
+	} {
+		debug.SetGCPercent(tc.before)
+		restore := tightenGC(50)
+		if got := gcPercent(); got != tc.during {
+			t.Errorf("GOGC %d: %d during the cold start, want %d", tc.before, got, tc.during)
+		}
+		restore()
+		if got := gcPercent(); got != tc.before {
+			t.Errorf("GOGC %d: %d once restored", tc.before, got)
+		}
+	}
 }

@@ -13,13 +13,13 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/conntrack"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/healthcheck"
+	"github.com/dsproxy/dsproxy/pkg/kubeclient"
 	"github.com/dsproxy/dsproxy/pkg/metaproxier"
 	"github.com/dsproxy/dsproxy/pkg/metrics"
 	"github.com/dsproxy/dsproxy/pkg/model"
@@ -35,7 +35,7 @@ import (
 // Daemon is an assembled dsproxy. New builds it; Run runs it.
 type Daemon struct {
 	cfg      *config.Config
-	client   kubernetes.Interface
+	client   *kubeclient.Client
 	nodeName string
 	spec     nodeip.Spec
 	meta     *metaproxier.MetaProxier
@@ -51,7 +51,7 @@ type Daemon struct {
 
 // New assembles the daemon: it reads the Node for node IPs and decides which
 // families run, and opens a netlink connection per family. It programs nothing.
-func New(ctx context.Context, cfg *config.Config, client kubernetes.Interface) (*Daemon, error) {
+func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*Daemon, error) {
 	if cfg.ProxyMode != config.ModeNFTables {
 		return nil, fmt.Errorf("--proxy-mode %q: dsproxy implements %q so far", cfg.ProxyMode, config.ModeNFTables)
 	}
@@ -98,7 +98,11 @@ func New(ctx context.Context, cfg *config.Config, client kubernetes.Interface) (
 		d.Close()
 		return nil, fmt.Errorf("%w (node IPs %s)", errNoFamily, ips.String())
 	}
-	d.cold = newColdStart(slices.Collect(maps.Keys(d.proxiers)), releaseMemory)
+	restoreGC := tightenGC(coldStartGCPercent)
+	d.cold = newColdStart(slices.Collect(maps.Keys(d.proxiers)), func() {
+		restoreGC()
+		releaseMemory()
+	})
 	if d.meta, err = metaproxier.New(fps...); err != nil {
 		d.Close()
 		return nil, err

@@ -15,12 +15,11 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/endpointslice"
+	"github.com/dsproxy/dsproxy/pkg/kubeclient"
 	"github.com/dsproxy/dsproxy/pkg/model"
 )
 
@@ -61,43 +60,48 @@ func ProxySelector() labels.Selector {
 // Start creates the informers, registers h and starts them. It returns once every
 // informer's cache has synced (or ctx is done), so the first proxy sync sees a
 // complete cluster rather than programming a partial one.
-func Start(ctx context.Context, client kubernetes.Interface, h Handler, opts Options) error {
+func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Options) error {
 	sel := ProxySelector().String()
-	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
-		informers.WithTransform(ForProxy(opts.NodeName)))
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
-		}),
-		informers.WithTransform(StripForProxy))
+	proxyObjects := func(o *metav1.ListOptions) { o.LabelSelector = sel }
 	var regs []cache.InformerSynced
-	add := func(inf cache.SharedIndexInformer, hs cache.ResourceEventHandlerFuncs) error {
+	var infs []cache.SharedIndexInformer
+	add := func(r kubeclient.Resource, tweak func(*metav1.ListOptions), transform cache.TransformFunc, hs cache.ResourceEventHandlerFuncs) error {
+		inf := cache.NewSharedIndexInformerWithOptions(client.ListWatch(r, tweak), r.Object(),
+			cache.SharedIndexInformerOptions{ResyncPeriod: opts.ResyncPeriod})
+		if err := inf.SetTransform(transform); err != nil {
+			return fmt.Errorf("watching %s: %w", r, err)
+		}
 		reg, err := inf.AddEventHandler(hs)
 		if err != nil {
-			return err
+			return fmt.Errorf("watching %s: %w", r, err)
 		}
 		regs = append(regs, reg.HasSynced)
+		infs = append(infs, inf)
 		return nil
 	}
-	if err := add(svcFactory.Core().V1().Services().Informer(), handlers(h.OnServiceAdd, h.OnServiceUpdate, h.OnServiceDelete)); err != nil {
-		return fmt.Errorf("watching Services: %w", err)
+	forProxy := ForProxy(opts.NodeName)
+	if err := add(kubeclient.Services, proxyObjects, forProxy, handlers(h.OnServiceAdd, h.OnServiceUpdate, h.OnServiceDelete)); err != nil {
+		return err
 	}
-	if err := add(svcFactory.Discovery().V1().EndpointSlices().Informer(), handlers(h.OnEndpointSliceAdd, h.OnEndpointSliceUpdate, h.OnEndpointSliceDelete)); err != nil {
-		return fmt.Errorf("watching EndpointSlices: %w", err)
+	if err := add(kubeclient.EndpointSlices, proxyObjects, forProxy, handlers(h.OnEndpointSliceAdd, h.OnEndpointSliceUpdate, h.OnEndpointSliceDelete)); err != nil {
+		return err
 	}
 	if opts.NodeName != "" {
-		if err := add(nodeFactory.Core().V1().Nodes().Informer(), handlers(h.OnNodeAdd, h.OnNodeUpdate, h.OnNodeDelete)); err != nil {
-			return fmt.Errorf("watching Node %s: %w", opts.NodeName, err)
+		thisNode := func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
+		}
+		if err := add(kubeclient.Nodes, thisNode, StripForProxy, handlers(h.OnNodeAdd, h.OnNodeUpdate, h.OnNodeDelete)); err != nil {
+			return err
 		}
 	}
 	if opts.ServiceCIDRs {
-		if err := add(svcFactory.Networking().V1().ServiceCIDRs().Informer(), handlers(h.OnServiceCIDRAdd, h.OnServiceCIDRUpdate, h.OnServiceCIDRDelete)); err != nil {
-			return fmt.Errorf("watching ServiceCIDRs: %w", err)
+		if err := add(kubeclient.ServiceCIDRs, nil, forProxy, handlers(h.OnServiceCIDRAdd, h.OnServiceCIDRUpdate, h.OnServiceCIDRDelete)); err != nil {
+			return err
 		}
 	}
-	svcFactory.Start(ctx.Done())
-	nodeFactory.Start(ctx.Done())
+	for _, inf := range infs {
+		go inf.RunWithContext(ctx)
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), regs...) {
 		return fmt.Errorf("waiting for informer caches: %w", context.Cause(ctx))
 	}
