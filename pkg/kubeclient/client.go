@@ -12,6 +12,7 @@ package kubeclient
 import (
 	"context"
 	"fmt"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -132,12 +133,22 @@ func (c *Client) ListWatch(r Resource, tweak func(*metav1.ListOptions)) cache.Li
 		}
 		return &o
 	}
+	// As a clientset's requests: protobuf unless the config names a content
+	// type, and the server-side timeout also bounds the request.
+	req := func(o *metav1.ListOptions) *rest.Request {
+		var timeout time.Duration
+		if o.TimeoutSeconds != nil {
+			timeout = time.Duration(*o.TimeoutSeconds) * time.Second
+		}
+		return rc.Get().UseProtobufAsDefaultIfPreferred(true).Resource(r.resource).
+			VersionedParams(o, metav1.ParameterCodec).Timeout(timeout)
+	}
 	list := func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-		return rc.Get().Resource(r.resource).VersionedParams(opts(o), metav1.ParameterCodec).Do(ctx).Get()
+		return req(opts(o)).Do(ctx).Get()
 	}
 	watchFn := func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 		o.Watch = true
-		return rc.Get().Resource(r.resource).VersionedParams(opts(o), metav1.ParameterCodec).Watch(ctx)
+		return req(opts(o)).Watch(ctx)
 	}
 	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc:  list,
@@ -148,7 +159,7 @@ func (c *Client) ListWatch(r Resource, tweak func(*metav1.ListOptions)) cache.Li
 // Node fetches the Node called name.
 func (c *Client) Node(ctx context.Context, name string) (*v1.Node, error) {
 	n := &v1.Node{}
-	err := c.groups[groupCore].Get().Resource(Nodes.resource).Name(name).Do(ctx).Into(n)
+	err := c.groups[groupCore].Get().UseProtobufAsDefaultIfPreferred(true).Resource(Nodes.resource).Name(name).Do(ctx).Into(n)
 	if err != nil {
 		return nil, err
 	}

@@ -32,9 +32,11 @@ type owner struct {
 // is the lowest, more the others (nearly always none, so they sit behind a pointer:
 // 32 bytes per element rather than 48). The kernel holds the lowest owner's data, so
 // two Services claiming the same external address resolve deterministically, and
-// removing one hands the key to the other. Elements are map values, not objects of
-// their own: a cold start at 30k services makes about 330k of them per family, and
-// every heap object is GC mark work.
+// removing one hands the key to the other. In the endpoint maps an element is a
+// whole endpoint list (see setState.elemSize), so a frontend that two ports claim
+// gets the lowest owner's list. Elements are map values, not objects of their own:
+// a cold start at 30k services makes about 100k of them per family (lists counted
+// once), and every heap object is GC mark work.
 type element struct {
 	first owner
 	more  *[]owner

@@ -1,0 +1,109 @@
+package kubeclient
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+)
+
+const protobuf = "application/vnd.kubernetes.protobuf"
+
+// apiServer answers GETs with protobuf-encoded objects by path, and records the
+// requests' paths and queries.
+type apiServer struct {
+	mu   sync.Mutex
+	seen []string
+	objs map[string]runtime.Object
+}
+
+func (s *apiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.seen = append(s.seen, r.URL.Path+"?"+r.URL.RawQuery)
+	obj := s.objs[r.URL.Path]
+	s.mu.Unlock()
+	if obj == nil {
+		http.NotFound(w, r)
+		return
+	}
+	if !strings.Contains(r.Header.Get("Accept"), protobuf) {
+		http.Error(w, "Accept: "+r.Header.Get("Accept"), http.StatusNotAcceptable)
+		return
+	}
+	info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), protobuf)
+	gvks, _, err := scheme.ObjectKinds(obj)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", protobuf)
+	if err := codecs.EncoderForVersion(info.Serializer, gvks[0].GroupVersion()).Encode(obj, w); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+// TestClient: each resource is listed from its group's path with the options
+// tweaked, in protobuf (the clientset's default) without a configured content
+// type, and decoded into its typed list; Node fetches one Node.
+func TestClient(t *testing.T) {
+	srv := &apiServer{objs: map[string]runtime.Object{
+		"/api/v1/services": &v1.ServiceList{Items: []v1.Service{{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+			Spec: v1.ServiceSpec{ClusterIPs: []string{"10.96.0.10", "fd00:96::10"}}}}},
+		"/api/v1/nodes/node-1": &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
+			Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "192.0.2.1"}}}},
+		"/apis/discovery.k8s.io/v1/endpointslices": &discoveryv1.EndpointSliceList{Items: []discoveryv1.EndpointSlice{{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1"}, AddressType: discoveryv1.AddressTypeIPv6,
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"fd00:64::1"}}}}}},
+		"/apis/networking.k8s.io/v1/servicecidrs": &networkingv1.ServiceCIDRList{Items: []networkingv1.ServiceCIDR{{
+			ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.96.0.0/16"}}}}},
+	}}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	c, err := New(&rest.Config{Host: ts.URL, QPS: 100, Burst: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tweak := func(o *metav1.ListOptions) { o.LabelSelector = "!service.kubernetes.io/headless" }
+	list := func(r Resource) runtime.Object {
+		t.Helper()
+		lw := c.ListWatch(r, tweak).(cache.ListerWatcherWithContext)
+		obj, err := lw.ListWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			t.Fatalf("list %s: %v", r, err)
+		}
+		return obj
+	}
+	if l, ok := list(Services).(*v1.ServiceList); !ok || len(l.Items) != 1 || l.Items[0].Name != "web" || len(l.Items[0].Spec.ClusterIPs) != 2 {
+		t.Errorf("services: %#v", l)
+	}
+	if l, ok := list(EndpointSlices).(*discoveryv1.EndpointSliceList); !ok || len(l.Items) != 1 || l.Items[0].Endpoints[0].Addresses[0] != "fd00:64::1" {
+		t.Errorf("endpointslices: %#v", l)
+	}
+	if l, ok := list(ServiceCIDRs).(*networkingv1.ServiceCIDRList); !ok || len(l.Items) != 1 || l.Items[0].Spec.CIDRs[0] != "10.96.0.0/16" {
+		t.Errorf("servicecidrs: %#v", l)
+	}
+	n, err := c.Node(t.Context(), "node-1")
+	if err != nil || n.Status.Addresses[0].Address != "192.0.2.1" {
+		t.Errorf("node: %v %v", n, err)
+	}
+	if _, err := c.Node(t.Context(), "node-2"); err == nil {
+		t.Error("node-2: no error for a missing Node")
+	}
+	want := "/api/v1/services?labelSelector=%21service.kubernetes.io%2Fheadless&resourceVersion=0"
+	if !slices.Contains(srv.seen, want) {
+		t.Errorf("requests %q, want one %q", srv.seen, want)
+	}
+	if _, ok := Services.Object().(*v1.Service); !ok || Services.String() != "services" || EndpointSlices.String() != "endpointslices.discovery.k8s.io" {
+		t.Errorf("resource names: %s %s", Services, EndpointSlices)
+	}
+}
