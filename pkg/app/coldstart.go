@@ -49,12 +49,13 @@ func (c *coldStart) synced(f *family.Family) {
 	}
 }
 
-// coldStartGCPercent is the collector's target (GOGC) until the cold start is
-// released. While the informers fill and the first syncs build every ruleset
+// coldStartGCPercent is the collector's target (GOGC) from the informers' sync
+// until the cold start is released. While the first syncs build every ruleset
 // the live heap only grows, and GOGC=100 lets the heap reach twice what was
 // live at the last collection: that peak, not the steady state, is what a
-// DaemonSet's memory limit must hold. Half the usual target took the peak at
-// 10k Services from 151-157 to 145-147 MiB, for about 0.1 s more CPU once.
+// DaemonSet's memory limit must hold. The informers' lists are left at the
+// usual target: their collections cost the most CPU at 30k Services and do not
+// make the peak.
 const coldStartGCPercent = 50
 
 // tightenGC sets the collector's target to percent unless it is lower already

@@ -47,6 +47,9 @@ type Daemon struct {
 	svcHC    *healthcheck.ServiceHealthServer
 	local    *localState
 	cold     *coldStart
+	// restoreGC undoes the cold start's GOGC (see tightenGC); set before the
+	// first syncs start, called once they are all done.
+	restoreGC func()
 }
 
 // New assembles the daemon: it reads the Node for node IPs and decides which
@@ -98,9 +101,10 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 		d.Close()
 		return nil, fmt.Errorf("%w (node IPs %s)", errNoFamily, ips.String())
 	}
-	restoreGC := tightenGC(coldStartGCPercent)
 	d.cold = newColdStart(slices.Collect(maps.Keys(d.proxiers)), func() {
-		restoreGC()
+		if d.restoreGC != nil {
+			d.restoreGC()
+		}
 		releaseMemory()
 	})
 	if d.meta, err = metaproxier.New(fps...); err != nil {
@@ -177,6 +181,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := watch.Start(ctx, d.client, h, watch.Options{NodeName: d.nodeName, ResyncPeriod: d.cfg.ConfigSyncPeriod, ServiceCIDRs: true}); err != nil {
 		return err
 	}
+	// The first syncs, not the informers' lists, make the cold start's peak.
+	d.restoreGC = tightenGC(coldStartGCPercent)
 	return d.meta.Run(ctx)
 }
 

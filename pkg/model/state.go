@@ -73,6 +73,12 @@ func (s *State) Update(svcs ServiceMap, eps EndpointsMap, node NodeInfo, changed
 	// A new map each time, not clear: after a full update it held every port, and
 	// clearing a map costs its largest size, on every later update.
 	s.Previous = make(map[ServicePortName]*PortState, len(changed))
+	if len(s.Ports) == 0 && len(s.byService) == 0 {
+		// The first update (a cold start) adds every port: maps sized once, not
+		// grown and rehashed on the way (at least one port per Service).
+		s.Ports = make(map[ServicePortName]*PortState, len(changed))
+		s.byService = make(map[types.NamespacedName][]ServicePortName, len(changed))
+	}
 	var out []ServicePortName
 	for nn := range changed {
 		out = s.updateService(nn, svcs[nn], eps, node, out)

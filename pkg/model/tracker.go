@@ -78,6 +78,9 @@ func (t *ServiceTracker) Checkout(m ServiceMap, full bool) map[types.NamespacedN
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	changed := make(map[types.NamespacedName]bool, len(t.pending))
+	if len(t.applied) == 0 {
+		t.applied = make(map[types.NamespacedName][]*ServicePort, len(t.pending))
+	}
 	for nn, ports := range t.pending {
 		changed[nn] = true
 		if len(ports) == 0 {
