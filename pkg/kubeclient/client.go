@@ -4,8 +4,9 @@
 //
 // client-go's clientset would do, but its scheme registers every built-in API
 // group (55 packages of types, their protobuf descriptors and conversions), and
-// their init functions alone touch about 8 MB of the binary that then stays
-// resident, with 17 MB more of binary. For a DaemonSet on every node that is
+// their init functions touch binary pages that then stay resident. Measured on
+// dsproxy at 10k Services: binary 44.5 -> 29 MB, resident binary pages 25 -> 17
+// MB, RSS once programmed 112 -> 103 MiB. For a DaemonSet on every node that is
 // memory for nothing.
 package kubeclient
 
