@@ -221,7 +221,8 @@ func (c *cache) touch(s *setState, key string) (element, bool) {
 }
 
 // listSet reports whether k is an endpoint map, whose elements the cache keeps
-// as lists (see setState.elemSize).
+// as lists (see setState.elemSize). These are unread sets (unreadSet): verify
+// never compares their lists with the kernel's elements.
 func listSet(k setKey) bool {
 	return !k.isGrp && !k.isFW() && (k.fixed == setEndpoints || k.fixed == setNodePortEndpoints)
 }
@@ -558,8 +559,7 @@ func expandLists(lists []nft.Element, size int) []nft.Element {
 		buf := make([]byte, 0, kl*cnt)
 		for i := range cnt {
 			at := len(buf)
-			buf = append(buf, l.Key[:kl-4]...)
-			buf = binary.NativeEndian.AppendUint32(buf, first+uint32(i)) // nft.IndexBytes
+			buf = appendIndexKey(buf, l.Key[:kl-4], first+uint32(i))
 			out = append(out, nft.Element{Key: buf[at:len(buf):len(buf)], Data: l.Data[i*size : (i+1)*size : (i+1)*size]})
 		}
 	}

@@ -167,9 +167,14 @@ func (b *portBuilder) frontend(k kind, key string, local bool) {
 // listKey is the key of a list contribution to an endpoint map: the frontend key
 // and the index of the list's first element, which is the key of that element.
 func listKey(front string, first uint32) string {
-	buf := make([]byte, 0, len(front)+4)
+	return string(appendIndexKey(make([]byte, 0, len(front)+4), front, first))
+}
+
+// appendIndexKey appends the endpoint map key front . index i (nft.IndexBytes:
+// host-endian, as numgen writes it).
+func appendIndexKey[F ~string | ~[]byte](buf []byte, front F, i uint32) []byte {
 	buf = append(buf, front...)
-	return string(binary.NativeEndian.AppendUint32(buf, first)) // nft.IndexBytes
+	return binary.NativeEndian.AppendUint32(buf, i)
 }
 
 // portContribs computes what ps needs in the sets, assigning rec's slots and
