@@ -14,6 +14,7 @@ import (
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/objmeta"
 )
 
 var webNN = types.NamespacedName{Namespace: "ns", Name: "web"}
@@ -244,7 +245,7 @@ func TestCacheSkipsForeignObjects(t *testing.T) {
 	for _, o := range []*Object{
 		nil,
 		{},
-		{Namespace: "ns", Name: "x", Family: family.IPv4},
+		{Meta: objmeta.Meta{Namespace: "ns", Name: "x"}, Family: family.IPv4},
 		Ingest(slice(family.IPv6, "a", 80, 1), "node-a"),
 	} {
 		if c.Update(o) {

@@ -1,6 +1,7 @@
 package watch
 
 import (
+	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/cache"
@@ -11,13 +12,18 @@ import (
 // ForProxy is the transform of the Service/EndpointSlice/ServiceCIDR informers on
 // node nodeName: an EndpointSlice becomes an *endpointslice.Object, parsed once for
 // its family (the informer's cache then holds the compact form, shared with the
-// proxier's), and every other object goes through StripForProxy. It never fails.
+// proxier's), a Service becomes a *Service (CompactService), and every other object
+// goes through StripForProxy. It never fails.
 func ForProxy(nodeName string) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		switch o := obj.(type) {
 		case *discovery.EndpointSlice:
 			return endpointslice.Ingest(o, nodeName), nil
 		case *endpointslice.Object:
+			return o, nil
+		case *v1.Service:
+			return CompactService(o), nil
+		case *Service:
 			return o, nil
 		}
 		return StripForProxy(obj)

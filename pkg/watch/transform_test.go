@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networking "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -130,9 +131,16 @@ func TestForProxy(t *testing.T) {
 	if o := fqdn.(*endpointslice.Object); o.Family != nil || o.Err == nil || o.Name != "f" {
 		t.Errorf("FQDN slice: %+v", o)
 	}
+	// A Service becomes its compact form, the same on a second pass.
+	svc, _ := tr(&v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s", Annotations: map[string]string{LastAppliedAnnotation: "{}"}}})
+	if s, ok := svc.(*Service); !ok || s.Name != "s" {
+		t.Errorf("Service transformed into %#v", svc)
+	} else if again, _ := tr(s); again != s {
+		t.Errorf("transforming the compact Service again gave %v", again)
+	}
 	// Other objects are stripped as before.
-	svc, _ := tr(&v1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s", Annotations: map[string]string{LastAppliedAnnotation: "{}"}}})
-	if s := svc.(*v1.Service); s.Annotations != nil {
-		t.Errorf("Service not stripped: %v", s.Annotations)
+	cidr, _ := tr(&networking.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "c", Annotations: map[string]string{LastAppliedAnnotation: "{}"}}})
+	if c := cidr.(*networking.ServiceCIDR); c.Annotations != nil {
+		t.Errorf("ServiceCIDR not stripped: %v", c.Annotations)
 	}
 }

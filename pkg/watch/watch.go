@@ -80,7 +80,7 @@ func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Optio
 		return nil
 	}
 	forProxy := ForProxy(opts.NodeName)
-	if err := add(kubeclient.Services, proxyObjects, forProxy, handlers(h.OnServiceAdd, h.OnServiceUpdate, h.OnServiceDelete)); err != nil {
+	if err := add(kubeclient.Services, proxyObjects, forProxy, serviceHandlers(h)); err != nil {
 		return err
 	}
 	if err := add(kubeclient.EndpointSlices, proxyObjects, forProxy, handlers(h.OnEndpointSliceAdd, h.OnEndpointSliceUpdate, h.OnEndpointSliceDelete)); err != nil {
@@ -107,6 +107,15 @@ func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Optio
 	}
 	klog.InfoS("Informer caches synced", "node", opts.NodeName)
 	return nil
+}
+
+// serviceHandlers: the Service informer's cache holds *Service (ForProxy); h gets
+// each expanded, made for the call.
+func serviceHandlers(h Handler) cache.ResourceEventHandlerFuncs {
+	return handlers(
+		func(s *Service) { h.OnServiceAdd(s.Expand()) },
+		func(old, cur *Service) { h.OnServiceUpdate(old.Expand(), cur.Expand()) },
+		func(s *Service) { h.OnServiceDelete(s.Expand()) })
 }
 
 // handlers adapts typed handlers to client-go's untyped ones. Objects of the wrong
