@@ -59,8 +59,10 @@ type load struct {
 	// ips[i] are Service i's ClusterIPs (IPv4, IPv6) as allocated.
 	ips   [][2]netip.Addr
 	probe [2]netip.Addr
-	// probeAt[fi] is the server pod the probe's slice of family fi points at.
+	// probeAt[fi] is the server pod the probe's slice of family fi points at;
+	// probeSlice[fi] is that slice as the API server last returned it.
 	probeAt      [2]int
+	probeSlice   [2]*discoveryv1.EndpointSlice
 	w3           int
 	baselineDone bool
 	// events are the watch events of ns, for the API / proxy split of W2 and W3.
@@ -99,7 +101,7 @@ func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int) (*load, erro
 	}
 	l.probe = probe
 	for i, f := range fams {
-		if _, err := l.client.DiscoveryV1().EndpointSlices(l.ns).Create(context.Background(),
+		if l.probeSlice[i], err = l.client.DiscoveryV1().EndpointSlices(l.ns).Create(context.Background(),
 			l.slice("probe", f, []netip.Addr{podAddrs(0)[i]}), metav1.CreateOptions{}); err != nil {
 			return nil, err
 		}
@@ -252,17 +254,28 @@ func (l *load) sample(n int) []int {
 	return append(out, n-1)
 }
 
-// setProbe points the probe Service's slice of family fi at server pod k.
+// setProbe points the probe Service's slice of family fi at server pod k with
+// one Update of the slice as last written, as an EndpointSlice controller
+// updates from its informer's copy (a read first would add a round trip to the
+// measured change); only a conflict makes it read the slice and try again.
 func (l *load) setProbe(ctx context.Context, fi, k int) error {
-	es := l.slice("probe", fams[fi], []netip.Addr{podAddrs(k)[fi]})
+	want := l.slice("probe", fams[fi], []netip.Addr{podAddrs(k)[fi]}).Endpoints
+	cur := l.probeSlice[fi].DeepCopy()
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := l.client.DiscoveryV1().EndpointSlices(l.ns).Get(ctx, es.Name, metav1.GetOptions{})
+		if cur == nil {
+			var err error
+			if cur, err = l.client.DiscoveryV1().EndpointSlices(l.ns).Get(ctx, sliceName("probe", fams[fi]), metav1.GetOptions{}); err != nil {
+				return err
+			}
+		}
+		cur.Endpoints = want
+		got, err := l.client.DiscoveryV1().EndpointSlices(l.ns).Update(ctx, cur, metav1.UpdateOptions{})
 		if err != nil {
+			cur = nil
 			return err
 		}
-		cur.Endpoints = es.Endpoints
-		_, err = l.client.DiscoveryV1().EndpointSlices(l.ns).Update(ctx, cur, metav1.UpdateOptions{})
-		return err
+		l.probeSlice[fi] = got
+		return nil
 	})
 }
 

@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,6 +51,7 @@ var (
 	flagProfiles  = flag.String("profiles", "", "directory for a heap profile of dsproxy once programmed (W1), per size; runs dsproxy with --profiling")
 	flagEtcd      = flag.String("etcd", "kubernetes", "etcd of the control plane: \"kubernetes\" (the version Kubernetes v1.36 requires, built by hack/controlplane/build-etcd.sh; informers stream their initial list as in real clusters) or \"debian\" (etcd-server from PATH, 3.4: no streaming lists, informers LIST)")
 	flagBin       = flag.String("dsproxy-bin", "", "prebuilt dsproxy binary (default: go build ./cmd/dsproxy)")
+	flagSettle    = flag.Duration("settle", 90*time.Second, "before the no-proxy baseline and before W2: wait up to this long for the machine to go quiet (0: do not wait)")
 )
 
 func TestMain(m *testing.M) { framework.Main(m) }
@@ -208,4 +210,74 @@ func loadavg() string {
 		return "?"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// settleBusy is the machine's CPU use, in cores, under which it counts as quiet.
+const settleBusy = 0.25
+
+// settle waits until the machine is quiet (under settleBusy cores over each of
+// two consecutive seconds, counting every process), or -settle passed. The API
+// server and etcd go on digesting a load, and a proxy its cold start, for a while
+// after the last call returns: changes timed meanwhile would time that leftover
+// work (the same for every proxy, but not the change).
+func settle(t *testing.T, before string) {
+	t.Helper()
+	if *flagSettle <= 0 {
+		return
+	}
+	start := time.Now()
+	quiet := 0
+	var busy float64
+	prev, err := cpuTicks()
+	for err == nil && quiet < 2 && time.Since(start) < *flagSettle {
+		time.Sleep(time.Second)
+		var cur [2]uint64
+		if cur, err = cpuTicks(); err != nil {
+			break
+		}
+		busy = float64(cur[0]-prev[0]) / float64(max(cur[1]-prev[1], 1)) * float64(runtime.NumCPU())
+		prev = cur
+		if busy < settleBusy {
+			quiet++
+		} else {
+			quiet = 0
+		}
+	}
+	switch {
+	case err != nil:
+		t.Logf("settle before %s: %v", before, err)
+	case quiet < 2:
+		t.Logf("settle before %s: still %.2f cores busy after %v; going on", before, busy, time.Since(start).Round(time.Second))
+	default:
+		t.Logf("settle before %s: quiet after %v", before, time.Since(start).Round(time.Second))
+	}
+}
+
+// cpuTicks returns the machine's busy and total CPU time from /proc/stat (all
+// CPUs; busy is everything but idle and iowait).
+func cpuTicks() ([2]uint64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return [2]uint64{}, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return [2]uint64{}, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	}
+	var total, idle uint64
+	for i, v := range f[1:] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return [2]uint64{}, fmt.Errorf("/proc/stat: %q: %w", line, err)
+		}
+		if i >= 8 { // guest and guest_nice are already in user and nice
+			break
+		}
+		total += n
+		if i == 3 || i == 4 { // idle, iowait
+			idle += n
+		}
+	}
+	return [2]uint64{total - idle, total}, nil
 }

@@ -246,6 +246,7 @@ func newNode(t *testing.T, cp *framework.ControlPlane) *node {
 // baseline, then W1 (cold start), W2, W3, W4.
 func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries, spec proxySpec, n int) []Row {
 	nd := newNode(t, cp)
+	settle(t, "the no-proxy baseline")
 	row := func(workload string) Row {
 		return Row{Proxy: spec.Name, Mode: spec.Mode, Workload: workload, Services: n, CPU: -1, RSSMiB: -1, Status: "ok", LoadAvg: loadavg()}
 	}
@@ -323,6 +324,7 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 		}
 	}
 
+	settle(t, "W2")
 	rows = append(rows, endpointChanges(t, p, nd, ld, row("W2 endpoint change")))
 	rows = append(rows, serviceAddDelete(t, p, nd, ld, row("W3 service add"), row("W3 service delete"))...)
 
