@@ -167,8 +167,8 @@ func TestCompactService(t *testing.T) {
 			}
 		})
 	}
-	if (*Service)(nil).Expand() != nil {
-		t.Error("a nil Service expanded to non-nil")
+	if (*Service)(nil).Expand() != nil || CompactService(nil) != nil {
+		t.Error("nil did not convert to nil")
 	}
 }
 
