@@ -30,7 +30,8 @@ test-e2e:
 
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./pkg/endpointslice:FuzzIngest ./pkg/model:FuzzServicePorts \
-	./pkg/nodeip:FuzzParseNodeIP ./pkg/nodeport:FuzzRegistry ./pkg/nodeip:FuzzSelect ./pkg/config:FuzzDecode
+	./pkg/nodeip:FuzzParseNodeIP ./pkg/nodeport:FuzzRegistry ./pkg/nodeip:FuzzSelect ./pkg/config:FuzzDecode \
+	./pkg/kubeclient:FuzzDecodeEndpointSlice
 
 fuzz-smoke:
 	@for t in $(FUZZ_TARGETS); do \
