@@ -31,7 +31,7 @@ test-e2e:
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./pkg/endpointslice:FuzzIngest ./pkg/model:FuzzServicePorts \
 	./pkg/nodeip:FuzzParseNodeIP ./pkg/nodeport:FuzzRegistry ./pkg/nodeip:FuzzSelect ./pkg/config:FuzzDecode \
-	./pkg/kubeclient:FuzzDecodeEndpointSlice
+	./pkg/kubeclient:FuzzDecodeEndpointSlice ./pkg/kubeclient:FuzzDecodeService
 
 fuzz-smoke:
 	@for t in $(FUZZ_TARGETS); do \

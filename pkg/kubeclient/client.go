@@ -9,8 +9,8 @@
 // MB, RSS once programmed 112 -> 103 MiB. For a DaemonSet on every node that is
 // memory for nothing.
 //
-// EndpointSlices in protobuf are decoded by a lean decoder of the client's own
-// (lean.go) that keeps only the fields the proxy reads.
+// EndpointSlices and Services in protobuf are decoded by lean decoders of the
+// client's own (lean.go) that keep only the fields the proxy reads.
 package kubeclient
 
 import (

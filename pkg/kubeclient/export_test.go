@@ -1,0 +1,5 @@
+package kubeclient
+
+// DecodeService is decodeService for the external tests (watch imports this
+// package, so its CompactService can only be compared from outside).
+var DecodeService = decodeService
