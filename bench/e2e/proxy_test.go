@@ -411,7 +411,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 		}
 	}
 	cpu0, _, _, _ := p.stats()
-	var lat, proxyLat []time.Duration
+	var lat, proxyLat, apiLat []time.Duration
 	for c := range p.changes() {
 		fi := c % 2
 		k := 1 - ld.probeAt[fi]
@@ -447,9 +447,11 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 			return partial(t, p, r, lat, cpu0, err, p.changes())
 		}
 		proxyLat = append(proxyLat, max(at.Sub(ev), 0))
+		apiLat = append(apiLat, ev.Sub(t0))
 		time.Sleep(*flagGap)
 	}
 	r.setProxyLatencies(proxyLat)
+	r.setAPILatencies(apiLat)
 	return finish(p, r, lat, cpu0)
 }
 
@@ -465,12 +467,12 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 // a delete).
 func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) []Row {
 	cpu0, _, _, _ := p.stats()
-	var addLat, delLat, addProxy, delProxy []time.Duration
+	var addLat, delLat, addProxy, delProxy, addAPI, delAPI []time.Duration
 	// change starts wait for both families, runs act, and collects: wait
 	// returns when family fi saw the change, needed the watch event it
 	// depends on.
 	change := func(ctx context.Context, t0 time.Time, act func() error, wait func(ctx context.Context, fi int) (time.Time, error),
-		needed func(fi int) (time.Time, error), lat, proxy *[]time.Duration) (actErr, err error) {
+		needed func(fi int) (time.Time, error), lat, proxy, api *[]time.Duration) (actErr, err error) {
 		type res struct {
 			at  time.Time
 			err error
@@ -500,6 +502,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 				if ev, r.err = needed(fi); r.err == nil {
 					*lat = append(*lat, r.at.Sub(t0))
 					*proxy = append(*proxy, max(r.at.Sub(ev), 0))
+					*api = append(*api, ev.Sub(t0))
 				}
 			}
 			errs = append(errs, r.err)
@@ -516,6 +519,8 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		}
 		a.setProxyLatencies(addProxy)
 		d.setProxyLatencies(delProxy)
+		a.setAPILatencies(addAPI)
+		d.setAPILatencies(delAPI)
 		d.CPU = -1 // the CPU column of W3 covers adds and deletes together
 		return []Row{a, d}
 	}
@@ -537,7 +542,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 			}
 			es, err := ld.events.first("EndpointSlice", sliceName(name, fams[fi]), watch.Added, t0)
 			return latest(s, es), err
-		}, &addLat, &addProxy)
+		}, &addLat, &addProxy, &addAPI)
 		cancel()
 		if actErr != nil {
 			return []Row{failed(t, p, add, actErr, "create"), skipped(del)}
@@ -553,7 +558,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 				done: fails, confirm: 2}.run(ctx, nd.client)
 		}, func(int) (time.Time, error) {
 			return ld.events.first("Service", name, watch.Deleted, t0)
-		}, &delLat, &delProxy)
+		}, &delLat, &delProxy, &delAPI)
 		cancel()
 		if actErr != nil {
 			return []Row{failed(t, p, add, actErr, "delete"), skipped(del)}

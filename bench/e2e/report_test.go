@@ -40,8 +40,13 @@ type Row struct {
 	// share of the latency (watch event → kernel). Absent for other rows.
 	ProxyP50 *float64 `json:"proxy_p50_seconds,omitempty"`
 	ProxyP99 *float64 `json:"proxy_p99_seconds,omitempty"`
-	CPU      float64  `json:"cpu_seconds"`
-	RSSMiB   float64  `json:"peak_rss_mib"`
+	// APIP50 and APIP99 (W2, W3) are the API server's part of the same changes:
+	// from the first API call to the watch event (the same for every proxy but
+	// for the machine's load). Absent for other rows.
+	APIP50 *float64 `json:"api_p50_seconds,omitempty"`
+	APIP99 *float64 `json:"api_p99_seconds,omitempty"`
+	CPU    float64  `json:"cpu_seconds"`
+	RSSMiB float64  `json:"peak_rss_mib"`
 	// EndRSSMiB is the RSS (VmRSS) at the end of the workload: after W1 the
 	// programmed proxy's, after W2/W3 its steady state. Absent when not measured.
 	EndRSSMiB *float64 `json:"end_rss_mib,omitempty"`
@@ -79,6 +84,16 @@ func (r *Row) setProxyLatencies(d []time.Duration) {
 	var q Row
 	q.setLatencies(d)
 	r.ProxyP50, r.ProxyP99 = &q.P50, &q.P99
+}
+
+// setAPILatencies sets APIP50 and APIP99 from d (nothing when empty).
+func (r *Row) setAPILatencies(d []time.Duration) {
+	if len(d) == 0 {
+		return
+	}
+	var q Row
+	q.setLatencies(d)
+	r.APIP50, r.APIP99 = &q.P50, &q.P99
 }
 
 func (r Row) ok() bool { return strings.HasPrefix(r.Status, "ok") && r.Samples > 0 }
@@ -218,7 +233,7 @@ func fmtRatio(v *float64, unfinished bool) string {
 func (rep *report) table(rows []Row) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "proxy\tmode\tworkload\tservices\tn\tp50\tp99\tevent→kernel p50 / p99\tCPU\tpeak RSS\tRSS at end\tdsproxy/this p50\tp99\tCPU\tRSS\tstatus")
+	fmt.Fprintln(w, "proxy\tmode\tworkload\tservices\tn\tp50\tp99\tcall→event p50 / p99\tevent→kernel p50 / p99\tCPU\tpeak RSS\tRSS at end\tdsproxy/this p50\tp99\tCPU\tRSS\tstatus")
 	for _, r := range rows {
 		cpu, rss := "-", "-"
 		if r.CPU >= 0 {
@@ -241,12 +256,15 @@ func (rep *report) table(rows []Row) string {
 			}
 			p50, p99 = "> "+limit.String(), "> "+limit.String()
 		}
-		proxy := "-"
+		proxy, api := "-", "-"
 		if r.ProxyP50 != nil && r.ProxyP99 != nil {
 			proxy = fmtEventDur(*r.ProxyP50) + " / " + fmtEventDur(*r.ProxyP99)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			r.Proxy, r.Mode, r.Workload, r.Services, r.Samples, p50, p99, proxy, cpu, rss, endRSS,
+		if r.APIP50 != nil && r.APIP99 != nil {
+			api = fmtDur(*r.APIP50) + " / " + fmtDur(*r.APIP99)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			r.Proxy, r.Mode, r.Workload, r.Services, r.Samples, p50, p99, api, proxy, cpu, rss, endRSS,
 			fmtRatio(r.RatioP50, unfinished), fmtRatio(r.RatioP99, unfinished),
 			fmtRatio(r.RatioCPU, false), fmtRatio(r.RatioRSS, false), r.Status)
 	}
