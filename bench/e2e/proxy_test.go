@@ -450,8 +450,8 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 		apiLat = append(apiLat, ev.Sub(t0))
 		time.Sleep(*flagGap)
 	}
-	r.setProxyLatencies(proxyLat)
-	r.setAPILatencies(apiLat)
+	r.ProxyP50, r.ProxyP99 = p50p99(proxyLat)
+	r.APIP50, r.APIP99 = p50p99(apiLat)
 	return finish(p, r, lat, cpu0)
 }
 
@@ -517,10 +517,10 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		if errDel != nil {
 			d = partial(t, p, del, delLat, cpu0, errDel, 2*p.pairs())
 		}
-		a.setProxyLatencies(addProxy)
-		d.setProxyLatencies(delProxy)
-		a.setAPILatencies(addAPI)
-		d.setAPILatencies(delAPI)
+		a.ProxyP50, a.ProxyP99 = p50p99(addProxy)
+		d.ProxyP50, d.ProxyP99 = p50p99(delProxy)
+		a.APIP50, a.APIP99 = p50p99(addAPI)
+		d.APIP50, d.APIP99 = p50p99(delAPI)
 		d.CPU = -1 // the CPU column of W3 covers adds and deletes together
 		return []Row{a, d}
 	}

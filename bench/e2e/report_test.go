@@ -76,24 +76,15 @@ func (r *Row) setLatencies(d []time.Duration) {
 	r.P50, r.P99, r.Max = q(0.50), q(0.99), s[len(s)-1].Seconds()
 }
 
-// setProxyLatencies sets ProxyP50 and ProxyP99 from d (nothing when empty).
-func (r *Row) setProxyLatencies(d []time.Duration) {
+// p50p99 returns the p50 and p99 of d, nil when d is empty (for ProxyP50 /
+// ProxyP99 and APIP50 / APIP99).
+func p50p99(d []time.Duration) (p50, p99 *float64) {
 	if len(d) == 0 {
-		return
+		return nil, nil
 	}
 	var q Row
 	q.setLatencies(d)
-	r.ProxyP50, r.ProxyP99 = &q.P50, &q.P99
-}
-
-// setAPILatencies sets APIP50 and APIP99 from d (nothing when empty).
-func (r *Row) setAPILatencies(d []time.Duration) {
-	if len(d) == 0 {
-		return
-	}
-	var q Row
-	q.setLatencies(d)
-	r.APIP50, r.APIP99 = &q.P50, &q.P99
+	return &q.P50, &q.P99
 }
 
 func (r Row) ok() bool { return strings.HasPrefix(r.Status, "ok") && r.Samples > 0 }

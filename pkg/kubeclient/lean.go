@@ -603,13 +603,7 @@ func decodeServicePort(p *v1.ServicePort, b []byte) error {
 
 // decodeAffinity decodes a SessionAffinityConfig's clientIP (1) timeoutSeconds (1).
 func decodeAffinity(c *v1.SessionAffinityConfig, b []byte) error {
-	return eachField(b, func(num protowire.Number, typ protowire.Type, _ uint64, v []byte) error {
-		if num != 1 {
-			return nil
-		}
-		if err := wantBytes(typ); err != nil {
-			return err
-		}
+	return eachMessage(b, 1, func(v []byte) error {
 		if c.ClientIP == nil {
 			c.ClientIP = &v1.ClientIPConfig{}
 		}
@@ -627,20 +621,8 @@ func decodeAffinity(c *v1.SessionAffinityConfig, b []byte) error {
 // decodeServiceStatus decodes the status's loadBalancer (1) ingress (1) ip (1)
 // and ipMode (3).
 func decodeServiceStatus(st *v1.ServiceStatus, b []byte) error {
-	return eachField(b, func(num protowire.Number, typ protowire.Type, _ uint64, v []byte) error {
-		if num != 1 {
-			return nil
-		}
-		if err := wantBytes(typ); err != nil {
-			return err
-		}
-		return eachField(v, func(num protowire.Number, typ protowire.Type, _ uint64, v []byte) error {
-			if num != 1 {
-				return nil
-			}
-			if err := wantBytes(typ); err != nil {
-				return err
-			}
+	return eachMessage(b, 1, func(v []byte) error {
+		return eachMessage(v, 1, func(v []byte) error {
 			st.LoadBalancer.Ingress = append(st.LoadBalancer.Ingress, v1.LoadBalancerIngress{})
 			ing := &st.LoadBalancer.Ingress[len(st.LoadBalancer.Ingress)-1]
 			return eachField(v, func(num protowire.Number, typ protowire.Type, _ uint64, v []byte) error {
@@ -656,6 +638,20 @@ func decodeServiceStatus(st *v1.ServiceStatus, b []byte) error {
 				return wantBytes(typ)
 			})
 		})
+	})
+}
+
+// eachMessage calls fn with each occurrence of field num of message b, which must
+// be length-delimited (a message), in order; other fields are skipped.
+func eachMessage(b []byte, num protowire.Number, fn func(v []byte) error) error {
+	return eachField(b, func(n protowire.Number, typ protowire.Type, _ uint64, v []byte) error {
+		if n != num {
+			return nil
+		}
+		if err := wantBytes(typ); err != nil {
+			return err
+		}
+		return fn(v)
 	})
 }
 

@@ -45,17 +45,24 @@ func serviceFiller(seed int64) *randfill.Filler {
 	)
 }
 
+// randomService is the encoding of the Service serviceFiller(seed) fills.
+func randomService(t testing.TB, seed int64) []byte {
+	t.Helper()
+	svc := &v1.Service{}
+	serviceFiller(seed).Fill(svc)
+	b, err := svc.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // TestDecodeService: for Services with every field filled at random, CompactService
 // cannot tell the lean decoder's result from the generated decoder's, and their
 // expansions (what the handlers read) are equal.
 func TestDecodeService(t *testing.T) {
 	for seed := range int64(2000) {
-		svc := &v1.Service{}
-		serviceFiller(seed).Fill(svc)
-		b, err := svc.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := randomService(t, seed)
 		full := &v1.Service{}
 		if err := full.Unmarshal(b); err != nil {
 			t.Fatal(err)
@@ -88,13 +95,7 @@ func TestDecodeService(t *testing.T) {
 // whenever both decoders accept them CompactService cannot tell them apart.
 func FuzzDecodeService(f *testing.F) {
 	for seed := range int64(20) {
-		svc := &v1.Service{}
-		serviceFiller(seed).Fill(svc)
-		b, err := svc.Marshal()
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
+		f.Add(randomService(f, seed))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		lean, err := kubeclient.DecodeService(b)
