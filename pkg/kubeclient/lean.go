@@ -97,8 +97,8 @@ func unknownEnvelope(b []byte) (schema.GroupVersionKind, []byte, bool) {
 	err := eachField(b, func(num protowire.Number, typ protowire.Type, _ uint64, v []byte) error {
 		switch num {
 		case 1:
-			if typ != protowire.BytesType {
-				return errWireType
+			if err := wantBytes(typ); err != nil {
+				return err
 			}
 			return eachField(v, func(num protowire.Number, typ protowire.Type, _ uint64, v []byte) error {
 				switch num {
