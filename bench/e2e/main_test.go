@@ -35,7 +35,7 @@ import (
 
 var (
 	flagServices  = flag.String("services", "1000", "comma-separated numbers of dual-stack Services (ascending; the load grows between sizes)")
-	flagProxies   = flag.String("proxies", "dsproxy,kube-proxy/nftables,kube-proxy/iptables", "comma-separated proxies to measure: dsproxy, kube-proxy/nftables, kube-proxy/iptables")
+	flagProxies   = flag.String("proxies", "dsproxy,kube-proxy/nftables,kube-proxy/iptables,kube-proxy/iptables-legacy", "comma-separated proxies to measure: dsproxy, kube-proxy/nftables, kube-proxy/iptables (iptables-nft, the iptables on PATH), kube-proxy/iptables-legacy (iptables mode with the iptables-legacy binaries)")
 	flagChanges   = flag.Int("changes", 50, "W2: endpoint changes (alternating IPv4 and IPv6)")
 	flagPairs     = flag.Int("pairs", 10, "W3: Service create+delete pairs")
 	flagKPChanges = flag.Int("kube-proxy-changes", 0, "W2: cap of kube-proxy's endpoint changes (0: as -changes)")
@@ -74,6 +74,8 @@ func parseProxies(s string) ([]proxySpec, error) {
 			out = append(out, proxySpec{"kube-proxy", "nftables"})
 		case "kube-proxy/iptables":
 			out = append(out, proxySpec{"kube-proxy", "iptables"})
+		case "kube-proxy/iptables-legacy":
+			out = append(out, proxySpec{"kube-proxy", "iptables-legacy"})
 		case "":
 		default:
 			return nil, fmt.Errorf("unknown proxy %q", f)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"k8s.io/apimachinery/pkg/watch"
 	"net/netip"
 	"os"
@@ -58,7 +59,7 @@ func capped(spec proxySpec, n, kpCap int) int {
 }
 
 func startProxy(dir string, node *netns.NS, nodeName, kubeconfig string, bins binaries, spec proxySpec) (*proc, error) {
-	var args []string
+	var args, env []string
 	switch spec.Name {
 	case "dsproxy":
 		args = []string{bins.dsproxy,
@@ -72,6 +73,15 @@ func startProxy(dir string, node *netns.NS, nodeName, kubeconfig string, bins bi
 			args = append(args, "--profiling")
 		}
 	case "kube-proxy":
+		mode := spec.Mode
+		if mode == "iptables-legacy" {
+			mode = "iptables"
+			bin, err := legacyIptables(dir)
+			if err != nil {
+				return nil, err
+			}
+			env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		}
 		cfg := filepath.Join(dir, "kube-proxy.yaml")
 		// conntrack sysctls are left alone (0): nf_conntrack_max is read-only
 		// outside the initial network namespace.
@@ -89,7 +99,7 @@ conntrack:
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-`, kubeconfig, nodeName, spec.Mode, clusterCIDRs)
+`, kubeconfig, nodeName, mode, clusterCIDRs)
 		if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
 			return nil, err
 		}
@@ -104,7 +114,7 @@ conntrack:
 	}
 	defer f.Close()
 	cmd := exec.Command("ip", append([]string{"netns", "exec", node.NetnsName}, args...)...)
-	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Stdout, cmd.Stderr, cmd.Env = f, f, env
 	// No Pdeathsig: it fires when the forking OS thread exits, and Go
 	// destroys the threads netns.RunIn used.
 	if err := cmd.Start(); err != nil {
@@ -118,6 +128,28 @@ conntrack:
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// legacyIptables makes a directory in dir whose iptables, ip6tables and their
+// -save and -restore commands are the iptables-legacy ones, for the front of
+// kube-proxy's PATH (kube-proxy runs them by these names).
+func legacyIptables(dir string) (string, error) {
+	bin := filepath.Join(dir, "iptables-legacy-bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return "", err
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			target, err := exec.LookPath(fam + "-legacy" + suffix)
+			if err != nil {
+				return "", fmt.Errorf("kube-proxy/iptables-legacy needs %s-legacy%s (Debian: package iptables): %w", fam, suffix, err)
+			}
+			if err := os.Symlink(target, filepath.Join(bin, fam+suffix)); err != nil && !errors.Is(err, fs.ErrExist) {
+				return "", err
+			}
+		}
+	}
+	return bin, nil
 }
 
 func (p *proc) pid() int { return p.cmd.Process.Pid }

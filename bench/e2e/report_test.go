@@ -327,9 +327,10 @@ func (rep *report) plot(path string) error {
 		return strings.Compare(a.workload+a.proxy, b.workload+b.proxy)
 	})
 	proxyColor := map[string]color.Color{
-		"dsproxy/nftables":    color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-		"kube-proxy/nftables": color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
-		"kube-proxy/iptables": color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+		"dsproxy/nftables":           color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+		"kube-proxy/nftables":        color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+		"kube-proxy/iptables":        color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+		"kube-proxy/iptables-legacy": color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 	}
 	workloadShape := map[string]int{"W1 cold start": 0, "W2 endpoint change": 1, "W3 service add": 2, "W3 service delete": 3, "W4 connect ClusterIP IPv4": 4}
 	for _, k := range keys {
