@@ -504,7 +504,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 	// change starts wait for both families, runs act, and collects: wait
 	// returns when family fi saw the change, needed the watch event it
 	// depends on.
-	change := func(row Row, ctx context.Context, t0 time.Time, act func() error, wait func(ctx context.Context, fi int) (time.Time, error),
+	change := func(ctx context.Context, row Row, t0 time.Time, act func() error, wait func(ctx context.Context, fi int) (time.Time, error),
 		needed func(fi int) (time.Time, error), lat, proxy, api *[]time.Duration) (actErr, err error) {
 		type res struct {
 			at  time.Time
@@ -567,7 +567,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 			cancel()
 			return []Row{failed(t, p, add, err, "create"), skipped(del)}
 		}
-		actErr, err := change(add, ctx, t0, func() error { return ld.createSlices(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
+		actErr, err := change(ctx, add, t0, func() error { return ld.createSlices(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
 			return firstAnswer(ctx, nd.client, netip.AddrPortFrom(ips[fi], svcPort), time.Millisecond, 100*time.Millisecond)
 		}, func(fi int) (time.Time, error) {
 			s, err := ld.events.first("Service", name, watch.Added, t0)
@@ -587,7 +587,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		time.Sleep(*flagGap)
 		ctx, cancel = context.WithTimeout(p.ctx, *flagChangeTO)
 		t0 = time.Now()
-		actErr, err = change(del, ctx, t0, func() error { return ld.deleteService(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
+		actErr, err = change(ctx, del, t0, func() error { return ld.deleteService(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
 			return poll{dst: netip.AddrPortFrom(ips[fi], svcPort), timeout: 200 * time.Millisecond, interval: time.Millisecond,
 				done: fails, confirm: 2}.run(ctx, nd.client)
 		}, func(int) (time.Time, error) {

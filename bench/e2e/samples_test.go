@@ -22,11 +22,11 @@ var samples struct {
 // the kernel showed it at at. A write error is reported once and stops the
 // recording; the benchmark goes on.
 func recordSample(p *proc, services int, workload, family string, t0, ev, at time.Time) {
+	samples.mu.Lock()
+	defer samples.mu.Unlock()
 	if *flagSamples == "" {
 		return
 	}
-	samples.mu.Lock()
-	defer samples.mu.Unlock()
 	if samples.f == nil {
 		f, err := os.OpenFile(*flagSamples, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
