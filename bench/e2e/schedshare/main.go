@@ -129,9 +129,7 @@ func run(w io.Writer, tracePath, samplesPath, workload string, fromEvent bool, m
 		workload, len(ss), what, margin, span.Round(time.Microsecond), len(tr.cpus))
 	fmt.Fprintf(w, "CPU share in the windows: %s\n", total.format(0))
 	slices.SortFunc(ss, func(x, y sample) int { return cmp.Compare(x.latency(fromEvent), y.latency(fromEvent)) })
-	if worst > len(ss) {
-		worst = len(ss)
-	}
+	worst = max(0, min(worst, len(ss)))
 	if worst > 0 {
 		fmt.Fprintf(w, "slowest %d (%s → kernel; CPU ms per command in the window):\n", worst, what)
 	}

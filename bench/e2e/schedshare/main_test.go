@@ -82,6 +82,13 @@ func TestRun(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", w, out.String())
 		}
 	}
+	out.Reset()
+	if err := run(&out, tracePath, samplesPath, "W3 service delete", false, 0, -1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "slowest") {
+		t.Errorf("-worst=-1 printed samples:\n%s", out.String())
+	}
 	if err := run(&out, tracePath, samplesPath, "W2 endpoint change", true, 0, 1, 0); err == nil {
 		t.Error("no error for a workload without samples")
 	}
