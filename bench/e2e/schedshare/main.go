@@ -127,6 +127,9 @@ func run(w io.Writer, tracePath, samplesPath, workload string, fromEvent bool, m
 	}
 	fmt.Fprintf(w, "%s: %d samples within the trace; windows from the %s to the kernel + %v, %v in all, %d CPUs\n",
 		workload, len(ss), what, margin, span.Round(time.Microsecond), len(tr.cpus))
+	if tr.lost > 0 {
+		fmt.Fprintf(w, "warning: the trace lost events %d times (ftrace buffer full); the CPU time around those gaps is not counted\n", tr.lost)
+	}
 	fmt.Fprintf(w, "CPU share in the windows: %s\n", total.format(0))
 	slices.SortFunc(ss, func(x, y sample) int { return cmp.Compare(x.latency(fromEvent), y.latency(fromEvent)) })
 	worst = max(0, min(worst, len(ss)))
@@ -189,6 +192,7 @@ type stretch struct {
 type trace struct {
 	cpus        map[int][]stretch // sorted by from
 	first, last time.Time
+	lost        int // "LOST … EVENTS" markers: stretches are missing around them
 }
 
 // parseTrace reads ftrace's text format and keeps the sched_switch events:
@@ -205,6 +209,15 @@ func parseTrace(r io.Reader, taiOffset time.Duration) (*trace, error) {
 	events := 0
 	for sc.Scan() {
 		line := sc.Text()
+		// "CPU:<n> [LOST <k> EVENTS]": what ran on that CPU until its next switch is
+		// unknown, so its open stretch is dropped rather than stretched over the gap.
+		if rest, ok := strings.CutPrefix(line, "CPU:"); ok && strings.Contains(rest, "[LOST ") {
+			if cpu, err := strconv.Atoi(strings.Fields(rest)[0]); err == nil {
+				delete(cur, cpu)
+				tr.lost++
+			}
+			continue
+		}
 		i := strings.Index(line, ": sched_switch: ")
 		if i < 0 || strings.HasPrefix(line, "#") {
 			continue

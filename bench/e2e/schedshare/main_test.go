@@ -55,6 +55,27 @@ func TestOccupancy(t *testing.T) {
 	}
 }
 
+func TestLostEvents(t *testing.T) {
+	// CPU 1 lost events after dsproxy started at 100.002: its stretch ends there
+	// unrecorded instead of running until the next switch at 100.003.
+	in := strings.Replace(testTrace, "       dsproxy-21      [001] d..2. 100.003000",
+		"CPU:1 [LOST 42 EVENTS]\n       dsproxy-21      [001] d..2. 100.003000", 1)
+	tr, err := parseTrace(strings.NewReader(in), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.lost != 1 {
+		t.Errorf("lost = %d, want 1", tr.lost)
+	}
+	at := func(ms float64) time.Time {
+		return time.Unix(100, 0).Add(time.Duration(ms * float64(time.Millisecond)))
+	}
+	got := tr.occupancy(at(2), at(4))
+	if got["dsproxy"] != 0 || got["kworker/1:1 H"] != 500*time.Microsecond || got["e2e.test"] != 500*time.Microsecond {
+		t.Errorf("occupancy around the loss = %v, want no dsproxy, kworker 0.5 ms, e2e.test 0.5 ms", got)
+	}
+}
+
 func TestRun(t *testing.T) {
 	dir := t.TempDir()
 	tracePath, samplesPath := dir+"/trace.txt", dir+"/samples.csv"
