@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -134,13 +135,16 @@ func BenchmarkOneServiceAddDelete(b *testing.B) {
 			m.sync(true)
 			s, es := o.svcs[n], o.slices[f][n]
 			want := model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "bench", Name: s.Name}, Port: "http", Protocol: v1.ProtocolTCP}
+			var addT, delT time.Duration
 			b.ReportAllocs()
 			for b.Loop() {
+				t0 := time.Now()
 				m.svcs.Update(nil, s)
 				m.eps.Update(endpointslice.Ingest(es, m.node.Name))
 				if got := m.sync(false); len(got) != 1 || got[0] != want {
 					b.Fatalf("add: changed %v, want [%v]", got, want)
 				}
+				t1 := time.Now()
 				if _, ok := m.state.Ports[want]; !ok {
 					b.Fatalf("add: %v not in the state", want)
 				}
@@ -149,10 +153,16 @@ func BenchmarkOneServiceAddDelete(b *testing.B) {
 				if got := m.sync(false); len(got) != 1 || got[0] != want {
 					b.Fatalf("delete: changed %v, want [%v]", got, want)
 				}
+				t2 := time.Now()
 				if _, ok := m.state.Ports[want]; ok {
 					b.Fatalf("delete: %v still in the state", want)
 				}
+				addT += t1.Sub(t0)
+				delT += t2.Sub(t1)
 			}
+			// The two halves apart: a delete is expected to cost about an add.
+			b.ReportMetric(float64(addT.Nanoseconds())/float64(b.N), "add-ns/op")
+			b.ReportMetric(float64(delT.Nanoseconds())/float64(b.N), "delete-ns/op")
 		})
 	}
 }

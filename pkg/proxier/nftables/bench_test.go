@@ -3,6 +3,7 @@ package nftables
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/family"
@@ -92,20 +93,29 @@ func BenchmarkOneServiceAddDelete(b *testing.B) {
 					eps[j] = ep(f, 0, 8080, false)
 					eps[j].Addr = addrPlus(testaddr.Pod(f, 0), 256+n*16+j)
 				}
+				var addT, delT time.Duration
 				b.ReportAllocs()
 				b.ResetTimer()
 				for range b.N {
+					t0 := time.Now()
 					name := e.put(sp, eps...)
 					add, err := e.b.Sync(b.Context(), syncChanged(e, name))
+					t1 := time.Now()
 					if err != nil || add.Operations == 0 || add.Operations > 2*(1+len(eps))+1 {
 						b.Fatalf("add: %v, %d operations:\n%s", err, add.Operations, rec.last)
 					}
 					e.del(name)
 					del, err := e.b.Sync(b.Context(), syncChanged(e, name))
+					t2 := time.Now()
 					if err != nil || del.Operations == 0 || del.Operations > 2*(1+len(eps))+1 {
 						b.Fatalf("delete: %v, %d operations:\n%s", err, del.Operations, rec.last)
 					}
+					addT += t1.Sub(t0)
+					delT += t2.Sub(t1)
 				}
+				// The two halves apart: a delete is expected to cost about an add.
+				b.ReportMetric(float64(addT.Nanoseconds())/float64(b.N), "add-ns/op")
+				b.ReportMetric(float64(delT.Nanoseconds())/float64(b.N), "delete-ns/op")
 			})
 		}
 	}
