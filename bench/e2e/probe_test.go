@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -101,32 +102,77 @@ func reaches(pod string) func(string, error) bool {
 	return func(server string, err error) bool { return err == nil && server == pod }
 }
 
-// connectTimes measures blocking connect() (SYN → SYN-ACK) to each target,
-// interleaved, warm connects first; it returns the measured durations per
-// target. Only the connect is timed.
-func connectTimes(ns *netns.NS, targets []netip.AddrPort, n, warm int) ([][]time.Duration, error) {
+// nsTarget is a connect target and the network namespace to connect from.
+type nsTarget struct {
+	ns  *netns.NS
+	dst netip.AddrPort
+}
+
+// connectTimes measures blocking connect() (SYN → SYN-ACK) to each target from
+// its namespace, interleaved (round robin, one connect at a time), warm connects
+// first; it returns the measured durations per target. Only the connect is
+// timed. Each namespace has a thread of its own that stays in it and makes the
+// connects it is handed, so targets in different namespaces (a node with a
+// proxy and one without) are measured under the same load at the same time.
+func connectTimes(targets []nsTarget, n, warm int) ([][]time.Duration, error) {
+	type result struct {
+		d   time.Duration
+		err error
+	}
+	type worker struct {
+		req  chan netip.AddrPort
+		resp chan result
+	}
+	workers := map[*netns.NS]*worker{}
+	var wg sync.WaitGroup
+	defer func() {
+		for _, w := range workers {
+			close(w.req)
+		}
+		wg.Wait()
+	}()
+	for _, tg := range targets {
+		if workers[tg.ns] != nil {
+			continue
+		}
+		w := &worker{req: make(chan netip.AddrPort), resp: make(chan result)}
+		workers[tg.ns] = w
+		wg.Add(1)
+		go func(ns *netns.NS) {
+			defer wg.Done()
+			err := netns.RunIn(ns, func() error {
+				for dst := range w.req {
+					d, err := connectOnce(dst)
+					// A signal (Go's preemption) can interrupt the blocking
+					// connect: drop that sample and connect again, a bounded
+					// number of times.
+					for try := 0; errors.Is(err, unix.EINTR) && try < 5; try++ {
+						d, err = connectOnce(dst)
+					}
+					w.resp <- result{d, err}
+				}
+				return nil
+			})
+			for range w.req { // RunIn failed before serving: answer with its error
+				w.resp <- result{err: err}
+			}
+		}(tg.ns)
+	}
 	out := make([][]time.Duration, len(targets))
-	err := netns.RunIn(ns, func() error {
-		for round := range warm + n {
-			for ti, dst := range targets {
-				d, err := connectOnce(dst)
-				// A signal (Go's preemption) can interrupt the blocking
-				// connect: drop that sample and connect again, a bounded
-				// number of times.
-				for try := 0; errors.Is(err, unix.EINTR) && try < 5; try++ {
-					d, err = connectOnce(dst)
-				}
-				if err != nil {
-					return fmt.Errorf("connect %v: %w", dst, err)
-				}
-				if round >= warm {
-					out[ti] = append(out[ti], d)
-				}
+	for round := range warm + n {
+		for ti, tg := range targets {
+			w := workers[tg.ns]
+			w.req <- tg.dst
+			r := <-w.resp
+			if r.err != nil {
+				return nil, fmt.Errorf("connect %v from %s: %w", tg.dst, tg.ns.Name, r.err)
+			}
+			if round >= warm {
+				out[ti] = append(out[ti], r.d)
 			}
 		}
-		return nil
-	})
-	return out, err
+	}
+	return out, nil
 }
 
 // sockaddr returns dst's address family and socket address.

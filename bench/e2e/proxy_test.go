@@ -285,7 +285,7 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 	var rows []Row
 
 	// W4 baseline: the same node before any proxy rule exists.
-	base, err := connectRows(nd, n, nil, Row{Proxy: "no proxy", Mode: "-", Services: n, CPU: -1, RSSMiB: -1, Status: "ok"})
+	base, err := connectRows(nd, nil, n, nil, Row{Proxy: "no proxy", Mode: "-", Services: n, CPU: -1, RSSMiB: -1, Status: "ok"})
 	if err != nil {
 		t.Fatalf("no-proxy baseline: %v", err)
 	}
@@ -362,7 +362,7 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 
 	probe := ld.sample(n)[0]
 	targets := []netip.Addr{ld.ips[probe][0], ld.ips[probe][1]}
-	w4, err := connectRows(nd, n, targets, row(""))
+	w4, err := connectRows(nd, newBareNode(t), n, targets, row(""))
 	if err != nil {
 		t.Errorf("%s: W4: %v", spec, err)
 	}
@@ -605,42 +605,71 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 	return rows(nil, nil)
 }
 
-// connectRows: W4, first-packet latency. With targets nil: direct to pod p0
-// only (the no-proxy baseline); otherwise direct to p0 and the ClusterIPs,
-// interleaved.
-func connectRows(nd *node, n int, clusterIPs []netip.Addr, r Row) ([]Row, error) {
+// connectRows: W4, first-packet latency from nd's client pod. With clusterIPs
+// nil: direct to pod p0 only (the no-proxy baseline); otherwise direct to p0
+// and the ClusterIPs and, with bare, from bare's client pod direct to its pod
+// p0 (rows "no proxy", mode "beside <proxy>"), all interleaved: a no-proxy
+// baseline measured under the same load at the same time as the proxy.
+func connectRows(nd *node, bare *bareNode, n int, clusterIPs []netip.Addr, r Row) ([]Row, error) {
 	type target struct {
-		name string
-		dst  netip.AddrPort
+		row Row
+		nsTarget
+	}
+	named := func(base Row, workload string) Row {
+		base.Workload, base.Services = workload, n
+		return base
 	}
 	var ts []target
 	for fi, f := range fams {
-		ts = append(ts, target{"W4 connect direct " + f.Name, netip.AddrPortFrom(podAddrs(0)[fi], podPort)})
-	}
-	if r.Proxy == "no proxy" {
-		for i := range ts {
-			ts[i].name = strings.Replace(ts[i].name, "direct", "no-proxy", 1)
+		name := "W4 connect direct " + f.Name
+		if r.Proxy == "no proxy" {
+			name = "W4 connect no-proxy " + f.Name
 		}
+		ts = append(ts, target{named(r, name), nsTarget{nd.client, netip.AddrPortFrom(podAddrs(0)[fi], podPort)}})
 	}
 	for fi, a := range clusterIPs {
-		ts = append(ts, target{"W4 connect ClusterIP " + fams[fi].Name, netip.AddrPortFrom(a, svcPort)})
+		ts = append(ts, target{named(r, "W4 connect ClusterIP "+fams[fi].Name), nsTarget{nd.client, netip.AddrPortFrom(a, svcPort)}})
 	}
-	dsts := make([]netip.AddrPort, len(ts))
+	if bare != nil && clusterIPs != nil {
+		beside := Row{Proxy: "no proxy", Mode: "beside " + r.Proxy + "/" + r.Mode, CPU: -1, RSSMiB: -1, Status: "ok"}
+		for fi, f := range fams {
+			ts = append(ts, target{named(beside, "W4 connect no-proxy "+f.Name), nsTarget{bare.client, netip.AddrPortFrom(podAddrs(0)[fi], podPort)}})
+		}
+	}
+	nts := make([]nsTarget, len(ts))
 	for i := range ts {
-		dsts[i] = ts[i].dst
+		nts[i] = ts[i].nsTarget
 	}
-	times, err := connectTimes(nd.client, dsts, *flagConnects, 50)
+	times, err := connectTimes(nts, *flagConnects, 50)
 	if err != nil {
 		return nil, err
 	}
 	var rows []Row
 	for i, tg := range ts {
-		x := r
-		x.Workload, x.Services, x.LoadAvg = tg.name, n, loadavg()
+		x := tg.row
+		x.LoadAvg = loadavg()
 		x.setLatencies(times[i])
 		rows = append(rows, x)
 	}
 	return rows, nil
+}
+
+// bareNode is a node without a proxy, the control plane or a Node object: a
+// client pod and pod p0 (serving), for W4's no-proxy baseline beside a proxy.
+type bareNode struct {
+	client *netns.NS
+}
+
+func newBareNode(t *testing.T) *bareNode {
+	t.Helper()
+	c := netns.New(t)
+	b := &bareNode{client: c.AddPod("client")}
+	p := c.AddPod("p0")
+	if a := podAddrs(0); p.IPv4 != a[0] || p.IPv6 != a[1] {
+		t.Fatalf("bare node: pod p0 has %v %v, want %v", p.IPv4, p.IPv6, a)
+	}
+	p.Serve(netns.TCP, podPort)
+	return b
 }
 
 func finish(p *proc, r Row, lat []time.Duration, cpu0 float64) Row {
