@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -111,68 +112,147 @@ type nsTarget struct {
 // connectTimes measures blocking connect() (SYN → SYN-ACK) to each target from
 // its namespace, interleaved (round robin, one connect at a time), warm connects
 // first; it returns the measured durations per target. Only the connect is
-// timed. Each namespace has a thread of its own that stays in it and makes the
-// connects it is handed, so targets in different namespaces (a node with a
-// proxy and one without) are measured under the same load at the same time.
+// timed. A socket belongs to the network namespace it was made in, whatever
+// thread uses it later, so the sockets are made ahead (chunk rounds at a time),
+// each by a thread that stays in its target's namespace, and one locked thread
+// makes every connect in a tight loop, as one client would: targets in
+// different namespaces (a node with a proxy and one without) are measured under
+// the same load at the same time, and no connect waits for a thread to wake up.
 func connectTimes(targets []nsTarget, n, warm int) ([][]time.Duration, error) {
-	type result struct {
-		d   time.Duration
-		err error
-	}
-	type worker struct {
-		req  chan netip.AddrPort
-		resp chan result
-	}
-	workers := map[*netns.NS]*worker{}
-	var wg sync.WaitGroup
+	const chunk = 50
+	makers := map[*netns.NS]*sockMaker{}
 	defer func() {
-		for _, w := range workers {
-			close(w.req)
+		for _, m := range makers {
+			m.close()
 		}
-		wg.Wait()
 	}()
 	for _, tg := range targets {
-		if workers[tg.ns] != nil {
-			continue
+		if makers[tg.ns] == nil {
+			makers[tg.ns] = newSockMaker(tg.ns)
 		}
-		w := &worker{req: make(chan netip.AddrPort), resp: make(chan result)}
-		workers[tg.ns] = w
-		wg.Add(1)
-		go func(ns *netns.NS) {
-			defer wg.Done()
-			err := netns.RunIn(ns, func() error {
-				for dst := range w.req {
-					d, err := connectOnce(dst)
-					// A signal (Go's preemption) can interrupt the blocking
-					// connect: drop that sample and connect again, a bounded
-					// number of times.
-					for try := 0; errors.Is(err, unix.EINTR) && try < 5; try++ {
-						d, err = connectOnce(dst)
-					}
-					w.resp <- result{d, err}
-				}
-				return nil
-			})
-			for range w.req { // RunIn failed before serving: answer with its error
-				w.resp <- result{err: err}
-			}
-		}(tg.ns)
 	}
 	out := make([][]time.Duration, len(targets))
-	for round := range warm + n {
+	for first := 0; first < warm+n; first += chunk {
+		rounds := min(chunk, warm+n-first)
+		fds := make([][]int, len(targets)) // per target, one socket per round
 		for ti, tg := range targets {
-			w := workers[tg.ns]
-			w.req <- tg.dst
-			r := <-w.resp
-			if r.err != nil {
-				return nil, fmt.Errorf("connect %v from %s: %w", tg.dst, tg.ns.Name, r.err)
+			var err error
+			if fds[ti], err = makers[tg.ns].make(tg.dst, rounds); err != nil {
+				closeAll(fds)
+				return nil, fmt.Errorf("socket for %v in %s: %w", tg.dst, tg.ns.Name, err)
 			}
-			if round >= warm {
-				out[ti] = append(out[ti], r.d)
+		}
+		err := onLockedThread(func() error {
+			for r := range rounds {
+				for ti, tg := range targets {
+					fd := fds[ti][r]
+					fds[ti][r] = -1
+					d, err := connectSocket(fd, tg.dst)
+					// A signal (a child exiting, Go's preemption) can interrupt
+					// the blocking connect: drop that sample and connect again
+					// on a new socket, a bounded number of times.
+					for try := 0; errors.Is(err, unix.EINTR) && try < 5; try++ {
+						more, merr := makers[tg.ns].make(tg.dst, 1)
+						if merr != nil {
+							return fmt.Errorf("socket for %v in %s: %w", tg.dst, tg.ns.Name, merr)
+						}
+						d, err = connectSocket(more[0], tg.dst)
+					}
+					if err != nil {
+						return fmt.Errorf("connect %v from %s: %w", tg.dst, tg.ns.Name, err)
+					}
+					if first+r >= warm {
+						out[ti] = append(out[ti], d)
+					}
+				}
 			}
+			return nil
+		})
+		closeAll(fds)
+		if err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// onLockedThread runs fn on a goroutine locked to its OS thread and waits.
+func onLockedThread(fn func() error) error {
+	done := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		done <- fn()
+	}()
+	return <-done
+}
+
+func closeAll(fds [][]int) {
+	for _, l := range fds {
+		for _, fd := range l {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	}
+}
+
+// sockMaker makes sockets in one network namespace, on a thread that stays in it.
+type sockMaker struct {
+	req chan sockReq
+	wg  sync.WaitGroup
+}
+
+type sockReq struct {
+	dst  netip.AddrPort
+	n    int
+	resp chan sockResp
+}
+
+type sockResp struct {
+	fds []int
+	err error
+}
+
+func newSockMaker(ns *netns.NS) *sockMaker {
+	m := &sockMaker{req: make(chan sockReq)}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		err := netns.RunIn(ns, func() error {
+			for r := range m.req {
+				var resp sockResp
+				for range r.n {
+					fd, err := newSocket(r.dst, false)
+					if err != nil {
+						closeAll([][]int{resp.fds})
+						resp = sockResp{err: err}
+						break
+					}
+					resp.fds = append(resp.fds, fd)
+				}
+				r.resp <- resp
+			}
+			return nil
+		})
+		for r := range m.req { // RunIn failed before serving: answer with its error
+			r.resp <- sockResp{err: err}
+		}
+	}()
+	return m
+}
+
+// make returns n new sockets for connects to dst, made in m's namespace.
+func (m *sockMaker) make(dst netip.AddrPort, n int) ([]int, error) {
+	resp := make(chan sockResp)
+	m.req <- sockReq{dst, n, resp}
+	r := <-resp
+	return r.fds, r.err
+}
+
+func (m *sockMaker) close() {
+	close(m.req)
+	m.wg.Wait()
 }
 
 // sockaddr returns dst's address family and socket address.
@@ -183,23 +263,40 @@ func sockaddr(dst netip.AddrPort) (int, unix.Sockaddr) {
 	return unix.AF_INET6, &unix.SockaddrInet6{Port: int(dst.Port()), Addr: dst.Addr().As16()}
 }
 
-func connectOnce(dst netip.AddrPort) (time.Duration, error) {
-	af, sa := sockaddr(dst)
-	fd, err := unix.Socket(af, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 0, err
+// newSocket makes a TCP socket for dst, in the calling thread's network
+// namespace, that closes with RST. A blocking one has a 2 s connect timeout.
+func newSocket(dst netip.AddrPort, nonblocking bool) (int, error) {
+	af, _ := sockaddr(dst)
+	typ := unix.SOCK_STREAM | unix.SOCK_CLOEXEC
+	if nonblocking {
+		typ |= unix.SOCK_NONBLOCK
 	}
-	defer unix.Close(fd)
-	// SO_SNDTIMEO bounds a blocking connect.
-	tv := unix.Timeval{Sec: 2}
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
-		return 0, err
+	fd, err := unix.Socket(af, typ, 0)
+	if err != nil {
+		return -1, err
 	}
 	if err := unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0}); err != nil {
-		return 0, err
+		unix.Close(fd)
+		return -1, err
 	}
+	if !nonblocking {
+		// SO_SNDTIMEO bounds a blocking connect.
+		tv := unix.Timeval{Sec: 2}
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+	}
+	return fd, nil
+}
+
+// connectSocket times one blocking connect of fd (from newSocket) to dst, then
+// closes fd.
+func connectSocket(fd int, dst netip.AddrPort) (time.Duration, error) {
+	defer unix.Close(fd)
+	_, sa := sockaddr(dst)
 	start := time.Now()
-	err = unix.Connect(fd, sa)
+	err := unix.Connect(fd, sa)
 	d := time.Since(start)
 	if errors.Is(err, unix.EINPROGRESS) {
 		err = unix.ETIMEDOUT
@@ -264,13 +361,9 @@ func firstAnswer(ctx context.Context, ns *netns.NS, dst netip.AddrPort, interval
 // connectNonblocking starts a TCP connection to dst and returns its socket. The
 // socket closes with RST.
 func connectNonblocking(dst netip.AddrPort) (int, error) {
-	af, sa := sockaddr(dst)
-	fd, err := unix.Socket(af, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	_, sa := sockaddr(dst)
+	fd, err := newSocket(dst, true)
 	if err != nil {
-		return -1, err
-	}
-	if err := unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0}); err != nil {
-		unix.Close(fd)
 		return -1, err
 	}
 	if err := unix.Connect(fd, sa); err != nil && !errors.Is(err, unix.EINPROGRESS) {

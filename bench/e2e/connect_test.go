@@ -1,0 +1,66 @@
+//go:build e2e && netns
+
+package e2e
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestConnectTimes measures connects from two nodes' client pods, interleaved,
+// as W4 does, without a control plane or a proxy.
+func TestConnectTimes(t *testing.T) {
+	a, b := newBareNode(t), newBareNode(t)
+	p0 := podAddrs(0)
+	targets := []nsTarget{
+		{a.client, netip.AddrPortFrom(p0[0], podPort)},
+		{b.client, netip.AddrPortFrom(p0[0], podPort)},
+		{a.client, netip.AddrPortFrom(p0[1], podPort)},
+		{b.client, netip.AddrPortFrom(p0[1], podPort)},
+	}
+	// 120 rounds span three chunks of sockets, the last one short.
+	const n, warm = 120, 10
+	fds0 := openFDs(t)
+	times, err := connectTimes(targets, n, warm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(times) != len(targets) {
+		t.Fatalf("%d lists of times, want %d", len(times), len(targets))
+	}
+	for i, ts := range times {
+		if len(ts) != n {
+			t.Errorf("target %d (%v from %s): %d times, want %d", i, targets[i].dst, targets[i].ns.Name, len(ts), n)
+		}
+		for _, d := range ts {
+			if d <= 0 {
+				t.Errorf("target %d: connect took %v", i, d)
+				break
+			}
+		}
+	}
+
+	// A refused connect is an error naming the target, not a sample.
+	closed := netip.AddrPortFrom(p0[1], podPort+1)
+	_, err = connectTimes([]nsTarget{targets[0], {b.client, closed}}, 3, 0)
+	if !errors.Is(err, unix.ECONNREFUSED) {
+		t.Fatalf("connect to a closed port: err = %v, want ECONNREFUSED", err)
+	}
+	t.Logf("refused: %v", err)
+	if fds := openFDs(t); fds > fds0 {
+		t.Errorf("%d file descriptors open after the connects, %d before", fds, fds0)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(es)
+}
