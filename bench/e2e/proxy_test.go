@@ -170,27 +170,14 @@ func (p *proc) stop() {
 	}
 }
 
-// stats reads the process's CPU time (user+system, including waited-for
-// children such as kube-proxy's nft and iptables-restore), peak RSS (VmHWM) and
-// RSS (VmRSS) from /proc.
+// stats reads the process's CPU time (user+system, including its children such
+// as kube-proxy's nft and iptables-restore, waited for or still running), peak
+// RSS (VmHWM) and RSS (VmRSS) from /proc.
 func (p *proc) stats() (cpu float64, rssMiB float64, nowMiB *float64, err error) {
 	pid := p.pid()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	ticks, err := treeCPUTicks(pid)
 	if err != nil {
 		return 0, 0, nil, err
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 15 {
-		return 0, 0, nil, fmt.Errorf("short /proc/%d/stat", pid)
-	}
-	var ticks int64
-	for _, i := range []int{11, 12, 13, 14} { // utime stime cutime cstime
-		v, err := strconv.ParseInt(f[i], 10, 64)
-		if err != nil {
-			return 0, 0, nil, err
-		}
-		ticks += v
 	}
 	cpu = float64(ticks) / 100 // USER_HZ
 	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -215,6 +202,79 @@ func (p *proc) stats() (cpu float64, rssMiB float64, nowMiB *float64, err error)
 		}
 	}
 	return cpu, rssMiB, nowMiB, nil
+}
+
+// treeCPUTicks returns the CPU time (user + system, in USER_HZ ticks) of pid, of
+// its children it has waited for, and of its descendants still running: a
+// kube-proxy whose nft or iptables-restore runs for minutes has spent that CPU
+// before it waits for the child.
+func treeCPUTicks(pid int) (int64, error) {
+	self, _, err := statTicks(pid)
+	if err != nil {
+		return 0, err
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	type proc struct {
+		ppid  int
+		ticks int64
+	}
+	procs := map[int]proc{}
+	children := map[int][]int{}
+	for _, e := range ents {
+		id, err := strconv.Atoi(e.Name())
+		if err != nil || id == pid {
+			continue
+		}
+		t, ppid, err := statTicks(id)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		procs[id] = proc{ppid, t}
+		children[ppid] = append(children[ppid], id)
+	}
+	total := self
+	for queue := children[pid]; len(queue) > 0; queue = queue[1:] {
+		c := queue[0]
+		total += procs[c].ticks
+		queue = append(queue, children[c]...)
+	}
+	return total, nil
+}
+
+// statTicks reads /proc/<pid>/stat: utime + stime + cutime + cstime, and the
+// parent's pid.
+func statTicks(pid int) (ticks int64, ppid int, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	return parseStatTicks(string(b))
+}
+
+func parseStatTicks(s string) (ticks int64, ppid int, err error) {
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("malformed stat %q", s)
+	}
+	// Fields after the command: state ppid pgrp … utime(11) stime cutime cstime.
+	f := strings.Fields(s[i+1:])
+	if len(f) < 15 {
+		return 0, 0, fmt.Errorf("short stat %q", s)
+	}
+	if ppid, err = strconv.Atoi(f[1]); err != nil {
+		return 0, 0, fmt.Errorf("stat ppid: %w", err)
+	}
+	for _, k := range []int{11, 12, 13, 14} {
+		v, err := strconv.ParseInt(f[k], 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("stat field %d: %w", k, err)
+		}
+		ticks += v
+	}
+	return ticks, ppid, nil
 }
 
 func (p *proc) logTail() string {
