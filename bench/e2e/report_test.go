@@ -288,71 +288,159 @@ func (rep *report) write(dir string) error {
 	return nil
 }
 
+// plotLine is one line of the plot: a proxy's (or the no-proxy baseline's)
+// p50 for one workload at each size, and the sizes where it did not finish,
+// drawn at the cap it did not finish within (a lower bound).
+type plotLine struct {
+	proxy, workload string
+	points          plotter.XYs // sorted by size
+	atLeast         plotter.XYs // unfinished: (size, cap)
+}
+
+// baselineName is the plot's name for W4's no-proxy connects beside dsproxy.
+const baselineName = "no proxy (beside dsproxy)"
+
+// plotLines picks the rows the plot shows: W1, W2, W3 and W4 ClusterIP IPv4
+// per proxy, the no-proxy IPv4 connects measured beside dsproxy as W4's
+// baseline, and W1 rows that did not finish as lower bounds. It returns the
+// lines in legend order and the sizes they cover, ascending.
+func plotLines(rows []Row) ([]plotLine, []int) {
+	type key struct{ proxy, workload string }
+	byKey := map[key]*plotLine{}
+	var sizes []int
+	add := func(k key, xy plotter.XY, lower bool) {
+		l := byKey[k]
+		if l == nil {
+			l = &plotLine{proxy: k.proxy, workload: k.workload}
+			byKey[k] = l
+		}
+		if lower {
+			l.atLeast = append(l.atLeast, xy)
+		} else {
+			l.points = append(l.points, xy)
+		}
+		if !slices.Contains(sizes, int(xy.X)) {
+			sizes = append(sizes, int(xy.X))
+		}
+	}
+	for _, r := range rows {
+		k := key{r.Proxy + "/" + r.Mode, r.Workload}
+		switch {
+		case r.Proxy == "no proxy" && r.Mode == "beside dsproxy/nftables" && r.Workload == "W4 connect no-proxy IPv4":
+			k = key{baselineName, "W4 connect IPv4"}
+		case r.Proxy == "no proxy":
+			continue
+		case !slices.Contains([]string{"W1 cold start", "W2 endpoint change", "W3 service add", "W3 service delete", "W4 connect ClusterIP IPv4"}, r.Workload):
+			continue
+		}
+		x := float64(r.Services)
+		if r.ok() && r.P50 > 0 {
+			add(k, plotter.XY{X: x, Y: r.P50}, false)
+		} else if limit, ok := unfinishedAfter(r); ok && r.Workload == "W1 cold start" {
+			add(k, plotter.XY{X: x, Y: limit.Seconds()}, true)
+		}
+	}
+	var out []plotLine
+	for _, l := range byKey {
+		slices.SortFunc(l.points, func(a, b plotter.XY) int { return int(a.X - b.X) })
+		out = append(out, *l)
+	}
+	slices.SortFunc(out, func(a, b plotLine) int {
+		return strings.Compare(a.workload+a.proxy, b.workload+b.proxy)
+	})
+	slices.Sort(sizes)
+	return out, sizes
+}
+
+// unfinishedAfter returns the cap of a row that says "not finished after T".
+func unfinishedAfter(r Row) (time.Duration, bool) {
+	v, ok := strings.CutPrefix(r.Status, "not finished after ")
+	if !ok {
+		return 0, false
+	}
+	d, err := time.ParseDuration(v)
+	return d, err == nil && d > 0
+}
+
 // plot draws p50 latency against the number of Services, both axes
-// logarithmic, one line per proxy and workload (W4: ClusterIP IPv4 only).
+// logarithmic, one line per proxy and workload (W4: ClusterIP IPv4 only, and
+// the no-proxy baseline); a W1 that did not finish is an open marker at its
+// cap, labelled "> cap".
 func (rep *report) plot(path string) error {
 	p := plot.New()
 	p.Title.Text = "dsproxy vs kube-proxy v1.36: p50 latency (kernel-observed)"
 	p.X.Label.Text = "dual-stack Services"
 	p.Y.Label.Text = "p50 latency (s)"
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
-	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top, p.Legend.Left = true, false
 	p.Legend.TextStyle.Font.Size = vg.Points(8)
 
-	type key struct{ proxy, workload string }
-	series := map[key]plotter.XYs{}
-	var keys []key
-	minX, maxX := math.Inf(1), math.Inf(-1)
-	for _, r := range rep.Rows {
-		if !r.ok() || r.P50 <= 0 {
-			continue
-		}
-		switch r.Workload {
-		case "W1 cold start", "W2 endpoint change", "W3 service add", "W3 service delete", "W4 connect ClusterIP IPv4":
-		default:
-			continue
-		}
-		k := key{r.Proxy + "/" + r.Mode, r.Workload}
-		if _, ok := series[k]; !ok {
-			keys = append(keys, k)
-		}
-		series[k] = append(series[k], plotter.XY{X: float64(r.Services), Y: r.P50})
-		minX, maxX = math.Min(minX, float64(r.Services)), math.Max(maxX, float64(r.Services))
-	}
-	if len(keys) == 0 {
+	lines, sizes := plotLines(rep.Rows)
+	if len(lines) == 0 {
 		return fmt.Errorf("no finished rows to plot")
 	}
-	slices.SortFunc(keys, func(a, b key) int {
-		return strings.Compare(a.workload+a.proxy, b.workload+b.proxy)
-	})
+	var ticks []plot.Tick
+	for _, n := range sizes {
+		ticks = append(ticks, plot.Tick{Value: float64(n), Label: fmt.Sprint(n)})
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
 	proxyColor := map[string]color.Color{
 		"dsproxy/nftables":           color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
 		"kube-proxy/nftables":        color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
 		"kube-proxy/iptables":        color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 		"kube-proxy/iptables-legacy": color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+		baselineName:                 color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
 	}
-	workloadShape := map[string]int{"W1 cold start": 0, "W2 endpoint change": 1, "W3 service add": 2, "W3 service delete": 3, "W4 connect ClusterIP IPv4": 4}
-	for _, k := range keys {
-		xys := series[k]
-		slices.SortFunc(xys, func(a, b plotter.XY) int { return int(a.X - b.X) })
-		l, s, err := plotter.NewLinePoints(xys)
-		if err != nil {
-			return err
-		}
-		c := proxyColor[k.proxy]
+	workloadShape := map[string]int{"W1 cold start": 0, "W2 endpoint change": 1, "W3 service add": 2, "W3 service delete": 3, "W4 connect ClusterIP IPv4": 4, "W4 connect IPv4": 4}
+	for _, ln := range lines {
+		c := proxyColor[ln.proxy]
 		if c == nil {
 			c = color.Black
 		}
-		l.Color, s.Color = c, c
-		l.Dashes = plotutil.Dashes(workloadShape[k.workload])
-		s.Shape = plotutil.Shape(workloadShape[k.workload])
-		s.Radius = vg.Points(3.5)
-		p.Add(l, s)
-		p.Legend.Add(k.proxy+" "+k.workload, l, s)
+		name := ln.proxy + " " + ln.workload
+		if len(ln.points) > 0 {
+			l, s, err := plotter.NewLinePoints(ln.points)
+			if err != nil {
+				return err
+			}
+			l.Color, s.Color = c, c
+			l.Dashes = plotutil.Dashes(workloadShape[ln.workload])
+			s.Shape = plotutil.Shape(workloadShape[ln.workload])
+			s.Radius = vg.Points(3.5)
+			p.Add(l, s)
+			p.Legend.Add(name, l, s)
+		}
+		if len(ln.atLeast) > 0 {
+			s, err := plotter.NewScatter(ln.atLeast)
+			if err != nil {
+				return err
+			}
+			s.Color = c
+			s.Shape = plotutil.Shape(workloadShape[ln.workload])
+			s.Radius = vg.Points(3.5)
+			labels := make([]string, len(ln.atLeast))
+			for i, xy := range ln.atLeast {
+				labels[i] = "> " + time.Duration(xy.Y*float64(time.Second)).String()
+			}
+			lb, err := plotter.NewLabels(plotter.XYLabels{XYs: ln.atLeast, Labels: labels})
+			if err != nil {
+				return err
+			}
+			for i := range lb.TextStyle {
+				lb.TextStyle[i].Color = c
+				lb.TextStyle[i].Font.Size = vg.Points(8)
+			}
+			lb.Offset = vg.Point{X: vg.Points(6), Y: vg.Points(-3)}
+			p.Add(s, lb)
+			if len(ln.points) == 0 {
+				p.Legend.Add(name+" (not finished)", s)
+			}
+		}
 	}
 	// A single size would give the log axis an empty range.
-	p.X.Min, p.X.Max = minX/2, maxX*2
-	p.Y.Min, p.Y.Max = math.Max(p.Y.Min/3, 1e-6), p.Y.Max*10
+	p.X.Min, p.X.Max = float64(sizes[0])/2, float64(sizes[len(sizes)-1])*2
+	// Three decades above the highest point keep the legend clear of the lines.
+	p.Y.Min, p.Y.Max = math.Max(p.Y.Min/3, 1e-6), p.Y.Max*1000
 	return p.Save(10*vg.Inch, 7*vg.Inch, path)
 }
