@@ -72,6 +72,9 @@ const latencyRounds = 10
 // DSPROXY_BENCH_SIZES (default 1000), DSPROXY_BENCH_CHANGES (endpoint changes,
 // default 200; service add/delete pairs are half as many) and
 // DSPROXY_BENCH_CONNECTS (connections per target, default 2000) select the work.
+// DSPROXY_BENCH_COUNT_SPREAD=K (1 … probePods−1) gives the other Services 1 … K
+// endpoints instead of 10: K distinct endpoint counts, all below the probe
+// Service's, so its first packets walk every other count's dispatch rule.
 func TestKernelFigures(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")
@@ -79,10 +82,20 @@ func TestKernelFigures(t *testing.T) {
 	sizes := envInts(t, "DSPROXY_BENCH_SIZES", []int{1000})
 	changes := envInts(t, "DSPROXY_BENCH_CHANGES", []int{200})[0]
 	connects := envInts(t, "DSPROXY_BENCH_CONNECTS", []int{2000})[0]
+	spread := 0
+	if os.Getenv("DSPROXY_BENCH_COUNT_SPREAD") != "" {
+		spread = envInts(t, "DSPROXY_BENCH_COUNT_SPREAD", nil)[0]
+		if spread >= probePods {
+			t.Fatalf("DSPROXY_BENCH_COUNT_SPREAD=%d: want at most %d (below the probe Service's %d endpoints)", spread, probePods-1, probePods)
+		}
+	}
 	var rows []*sizeResult
 	for _, n := range sizes {
 		t.Run(fmt.Sprintf("services=%d", n), func(t *testing.T) {
-			r := runSize(t, n, changes, connects)
+			if spread > 0 {
+				t.Logf("endpoint counts 1 … %d (probe Service: %d)", spread, probePods)
+			}
+			r := runSize(t, n, spread, changes, connects)
 			printFigures(os.Stdout, []*sizeResult{r})
 			rows = append(rows, r)
 		})
@@ -93,7 +106,7 @@ func TestKernelFigures(t *testing.T) {
 	}
 }
 
-func runSize(t *testing.T, n, changes, connects int) *sizeResult {
+func runSize(t *testing.T, n, spread, changes, connects int) *sizeResult {
 	ctx := t.Context()
 	c := netns.New(t)
 	pods := make([]*netns.NS, probePods)
@@ -102,7 +115,7 @@ func runSize(t *testing.T, n, changes, connects int) *sizeResult {
 		pods[j].Serve(netns.TCP, 8080)
 	}
 	client := c.AddPod("client")
-	w := Workload{Services: n, EndpointsPerFamily: 10, NodePortEvery: nodePortEvery(n), NodeName: benchNodeName}
+	w := Workload{Services: n, EndpointsPerFamily: 10, CountSpread: spread, NodePortEvery: nodePortEvery(n), NodeName: benchNodeName}
 	probe := n / 2
 	nd := newNode(t, c, w, probe, pods)
 	r := &sizeResult{n: n}

@@ -132,7 +132,7 @@ func generateKernel(w Workload, probe int, pods []*netns.NS) kernelObjects {
 	for i := range w.Services {
 		o.svcs = append(o.svcs, w.Service(i))
 		for _, f := range family.All {
-			es := w.Slice(f, i, w.EndpointsPerFamily)
+			es := w.Slice(f, i, w.EndpointCount(i))
 			if i == probe {
 				// The probe Service is served by the probe pods.
 				es = w.Slice(f, i, len(pods))

@@ -16,13 +16,23 @@ import (
 )
 
 // Workload describes a synthetic cluster: Services dual-stack Services, each with one
-// TCP port and one EndpointSlice per family holding EndpointsPerFamily endpoints.
-// Every NodePortEvery-th Service is of type NodePort (0: none).
+// TCP port and one EndpointSlice per family holding EndpointsPerFamily endpoints (or,
+// with CountSpread > 0, Service i holds 1 + i%CountSpread: that many distinct
+// endpoint counts). Every NodePortEvery-th Service is of type NodePort (0: none).
 type Workload struct {
 	Services           int
 	EndpointsPerFamily int
+	CountSpread        int
 	NodePortEvery      int
 	NodeName           string
+}
+
+// EndpointCount is the number of endpoints per family of Service i.
+func (w Workload) EndpointCount(i int) int {
+	if w.CountSpread > 0 {
+		return 1 + i%w.CountSpread
+	}
+	return w.EndpointsPerFamily
 }
 
 // ServiceIP returns Service i's ClusterIP in family f: 10.96.0.0/12 and fd00:96::/108

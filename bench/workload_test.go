@@ -2,6 +2,7 @@ package bench
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/dsproxy/dsproxy/pkg/family"
@@ -30,5 +31,22 @@ func TestWorkloadAddressesAreDistinct(t *testing.T) {
 	}
 	if got := EndpointIP(family.IPv6, 0, 1).String(); got != "fd00:64::1" {
 		t.Fatalf("EndpointIP(IPv6, 0, 1) = %s", got)
+	}
+}
+
+func TestEndpointCount(t *testing.T) {
+	w := Workload{Services: 8, EndpointsPerFamily: 10}
+	for i := range w.Services {
+		if got := w.EndpointCount(i); got != 10 {
+			t.Errorf("no spread: service %d has %d endpoints, want 10", i, got)
+		}
+	}
+	w.CountSpread = 3
+	var got []int
+	for i := range w.Services {
+		got = append(got, w.EndpointCount(i))
+	}
+	if want := []int{1, 2, 3, 1, 2, 3, 1, 2}; !slices.Equal(got, want) {
+		t.Errorf("spread 3: counts %v, want %v", got, want)
 	}
 }
