@@ -25,11 +25,12 @@ import (
 
 const (
 	managedBy    = "dsproxy-bench" // not kube-controller-manager's: it leaves the slices alone
-	endpoints    = 10              // per family and Service
+	endpoints    = 10              // per family and Service (without -count-spread)
 	realEvery    = 64              // every realEvery-th Service (and each size's last) has real endpoints
 	podPort      = 8080
 	svcPort      = 80
-	serverPods   = 10 // p0..p9, the real endpoints
+	serverPods   = 10 // p0..p9, the real endpoints (more with -count-spread above 10)
+	maxSpread    = 64 // bench.EndpointIP gives each Service 64 addresses
 	sampleTarget = 16 // W1: Services checked besides the last one
 )
 
@@ -54,6 +55,9 @@ type load struct {
 	ns     string
 	w      bench.Workload
 	sizes  map[int]bool // the last index of each size has real endpoints
+	// spread is -count-spread: 0, or K for Services with 1 … K endpoints per
+	// family, the real ones K.
+	spread int
 
 	prev, have int
 	// ips[i] are Service i's ClusterIPs (IPv4, IPv6) as allocated.
@@ -69,7 +73,10 @@ type load struct {
 	events *eventLog
 }
 
-func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int) (*load, error) {
+func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int, spread int) (*load, error) {
+	if err := checkSpread(spread); err != nil {
+		return nil, err
+	}
 	maxN := sizes[len(sizes)-1]
 	cfg := rest.CopyConfig(cp.Config)
 	cfg.QPS, cfg.Burst = 5000, 10000
@@ -84,8 +91,9 @@ func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int) (*load, erro
 		t: t, cp: cp, client: client,
 		ns: cp.Namespace(t, "bench"),
 		// NodePortEvery as in the kernel bench: every 4th, at most 2500 NodePorts.
-		w:     bench.Workload{EndpointsPerFamily: endpoints, NodePortEvery: max(4, (maxN+2499)/2500)},
-		sizes: map[int]bool{},
+		w:      bench.Workload{EndpointsPerFamily: endpoints, CountSpread: spread, NodePortEvery: max(4, (maxN+2499)/2500)},
+		sizes:  map[int]bool{},
+		spread: spread,
 	}
 	for _, n := range sizes {
 		l.sizes[n] = true
@@ -109,8 +117,29 @@ func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int) (*load, erro
 	return l, nil
 }
 
+func checkSpread(k int) error {
+	if k != 0 && (k < 2 || k > maxSpread) {
+		return fmt.Errorf("-count-spread=%d: want 0 or 2 … %d", k, maxSpread)
+	}
+	return nil
+}
+
 // real reports whether Service i's endpoints are the server pods.
 func (l *load) real(i int) bool { return i%realEvery == 0 || l.sizes[i+1] }
+
+// count is Service i's number of endpoints per family: 10, or with a spread K
+// 1 + i%K, and K for the real ones, so that W1's and W4's targets are in a
+// proxy's last endpoint-count group (dsproxy walks one set lookup per smaller
+// count in use before a new connection's).
+func (l *load) count(i int) int {
+	if l.spread > 0 && l.real(i) {
+		return l.spread
+	}
+	return l.w.EndpointCount(i)
+}
+
+// pods is the number of server pods a node has: p0 … p(pods-1).
+func (l *load) pods() int { return max(serverPods, l.spread) }
 
 // createService creates a selector-less RequireDualStack Service (ClusterIPs
 // and NodePort allocated by the API server) and returns its ClusterIPs.
@@ -170,10 +199,10 @@ func (l *load) slice(svc string, f *family.Family, addrs []netip.Addr) *discover
 // server pods for real Services.
 func (l *load) workloadSlice(i int, fi int) *discoveryv1.EndpointSlice {
 	f := fams[fi]
-	addrs := make([]netip.Addr, endpoints)
+	addrs := make([]netip.Addr, l.count(i))
 	for j := range addrs {
 		if l.real(i) {
-			addrs[j] = podAddrs(j % serverPods)[fi]
+			addrs[j] = podAddrs(j)[fi]
 		} else {
 			addrs[j] = bench.EndpointIP(f, i, j)
 		}
@@ -286,7 +315,7 @@ func (l *load) createSlices(ctx context.Context, svc string) error {
 	for fi, f := range fams {
 		addrs := make([]netip.Addr, endpoints)
 		for j := range addrs {
-			addrs[j] = podAddrs(j % serverPods)[fi]
+			addrs[j] = podAddrs(j)[fi]
 		}
 		if _, err := l.client.DiscoveryV1().EndpointSlices(l.ns).Create(ctx, l.slice(svc, f, addrs), metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("slice %s: %w", sliceName(svc, f), err)

@@ -51,6 +51,7 @@ var (
 	flagProfiles  = flag.String("profiles", "", "directory for a heap profile of dsproxy once programmed (W1), per size; runs dsproxy with --profiling")
 	flagEtcd      = flag.String("etcd", "kubernetes", "etcd of the control plane: \"kubernetes\" (the version Kubernetes v1.36 requires, built by hack/controlplane/build-etcd.sh; informers stream their initial list as in real clusters) or \"debian\" (etcd-server from PATH, 3.4: no streaming lists, informers LIST)")
 	flagBin       = flag.String("dsproxy-bin", "", "prebuilt dsproxy binary (default: go build ./cmd/dsproxy)")
+	flagSpread    = flag.Int("count-spread", 0, "endpoints per family: 0 gives every Service 10; K (2 … 64) gives Service i 1+i%K and the real ones (W1's and W4's targets) K, so that W4's ClusterIP is in the last of K endpoint-count groups (needs K server pods per node)")
 	flagSettle    = flag.Duration("settle", 90*time.Second, "before the no-proxy baseline and before W2: wait up to this long for the machine to go quiet (0: do not wait)")
 )
 
@@ -147,10 +148,10 @@ func TestBenchE2E(t *testing.T) {
 	if _, err := os.Stat(bins.kubeProxy); err != nil {
 		t.Fatalf("kube-proxy binary: %v (run hack/controlplane/build.sh)", err)
 	}
-	rep := newReport(sizes)
+	rep := newReport(sizes, *flagSpread)
 	t.Logf("machine: %s; load average at start: %s", rep.Machine, loadavg())
 
-	ld, err := newLoad(t, cp, sizes)
+	ld, err := newLoad(t, cp, sizes, *flagSpread)
 	if err != nil {
 		t.Fatal(err)
 	}

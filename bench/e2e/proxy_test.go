@@ -290,7 +290,9 @@ type node struct {
 	pods   []*netns.NS
 }
 
-func newNode(t *testing.T, cp *framework.ControlPlane) *node {
+// newNode makes a node linked to the control plane, with a client pod and
+// server pods p0 … p(pods-1) serving TCP.
+func newNode(t *testing.T, cp *framework.ControlPlane, pods int) *node {
 	t.Helper()
 	var nodeNS string
 	t.Cleanup(func() { // runs after the cluster's Close (registered later)
@@ -317,7 +319,7 @@ func newNode(t *testing.T, cp *framework.ControlPlane) *node {
 	}
 	n := &node{c: c, name: "bench-" + c.Prefix()}
 	n.client = c.AddPod("client")
-	for k := range serverPods {
+	for k := range pods {
 		p := c.AddPod(fmt.Sprintf("p%d", k))
 		if a := podAddrs(k); p.IPv4 != a[0] || p.IPv6 != a[1] {
 			t.Fatalf("pod p%d has %v %v, want %v", k, p.IPv4, p.IPv6, a)
@@ -337,7 +339,7 @@ func newNode(t *testing.T, cp *framework.ControlPlane) *node {
 // runProxy measures one proxy at size n in a fresh node: W4's no-proxy
 // baseline, then W1 (cold start), W2, W3, W4.
 func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries, spec proxySpec, n int) []Row {
-	nd := newNode(t, cp)
+	nd := newNode(t, cp, ld.pods())
 	settle(t, "the no-proxy baseline")
 	row := func(workload string) Row {
 		return Row{Proxy: spec.Name, Mode: spec.Mode, Workload: workload, Services: n, CPU: -1, RSSMiB: -1, Status: "ok", LoadAvg: loadavg()}
@@ -345,7 +347,7 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 	var rows []Row
 
 	// W4 baseline: the same node before any proxy rule exists.
-	base, err := connectRows(nd, nil, n, nil, Row{Proxy: "no proxy", Mode: "-", Services: n, CPU: -1, RSSMiB: -1, Status: "ok"})
+	base, err := connectRows(nd, nil, n, nil, nil, Row{Proxy: "no proxy", Mode: "-", Services: n, CPU: -1, RSSMiB: -1, Status: "ok"})
 	if err != nil {
 		t.Fatalf("no-proxy baseline: %v", err)
 	}
@@ -422,7 +424,10 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 
 	probe := ld.sample(n)[0]
 	targets := []netip.Addr{ld.ips[probe][0], ld.ips[probe][1]}
-	w4, err := connectRows(nd, newBareNode(t), n, targets, row(""))
+	// The W2 probe Service has one endpoint per family (a server pod): with
+	// the workload's 10 (or K) it shows what a proxy's dispatch costs between
+	// endpoint counts, measured side by side.
+	w4, err := connectRows(nd, newBareNode(t), n, targets, ld.probe[:], row(""))
 	if err != nil {
 		t.Errorf("%s: W4: %v", spec, err)
 	}
@@ -666,11 +671,12 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 }
 
 // connectRows: W4, first-packet latency from nd's client pod. With clusterIPs
-// nil: direct to pod p0 only (the no-proxy baseline); otherwise direct to p0
-// and the ClusterIPs and, with bare, from bare's client pod direct to its pod
-// p0 (rows "no proxy", mode "beside <proxy>"), all interleaved: a no-proxy
-// baseline measured under the same load at the same time as the proxy.
-func connectRows(nd *node, bare *bareNode, n int, clusterIPs []netip.Addr, r Row) ([]Row, error) {
+// nil: direct to pod p0 only (the no-proxy baseline); otherwise direct to p0,
+// the ClusterIPs, the one-endpoint Service's ClusterIPs oneEP (if any) and,
+// with bare, from bare's client pod direct to its pod p0 (rows "no proxy",
+// mode "beside <proxy>"), all interleaved: a no-proxy baseline measured under
+// the same load at the same time as the proxy.
+func connectRows(nd *node, bare *bareNode, n int, clusterIPs, oneEP []netip.Addr, r Row) ([]Row, error) {
 	type target struct {
 		row Row
 		nsTarget
@@ -689,6 +695,9 @@ func connectRows(nd *node, bare *bareNode, n int, clusterIPs []netip.Addr, r Row
 	}
 	for fi, a := range clusterIPs {
 		ts = append(ts, target{named(r, "W4 connect ClusterIP "+fams[fi].Name), nsTarget{nd.client, netip.AddrPortFrom(a, svcPort)}})
+	}
+	for fi, a := range oneEP {
+		ts = append(ts, target{named(r, "W4 connect ClusterIP 1-endpoint "+fams[fi].Name), nsTarget{nd.client, netip.AddrPortFrom(a, svcPort)}})
 	}
 	if bare != nil && clusterIPs != nil {
 		beside := Row{Proxy: "no proxy", Mode: "beside " + r.Proxy + "/" + r.Mode, CPU: -1, RSSMiB: -1, Status: "ok"}

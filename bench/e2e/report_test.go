@@ -94,12 +94,14 @@ type report struct {
 	Machine string `json:"machine"`
 	Sizes   []int  `json:"sizes"`
 	Flags   string `json:"flags"`
-	Rows    []Row  `json:"rows"`
+	// CountSpread is -count-spread (0: every Service has 10 endpoints per family).
+	CountSpread int   `json:"count_spread,omitempty"`
+	Rows        []Row `json:"rows"`
 
 	mu sync.Mutex
 }
 
-func newReport(sizes []int) *report {
+func newReport(sizes []int, spread int) *report {
 	var u unix.Utsname
 	_ = unix.Uname(&u)
 	model := "?"
@@ -115,8 +117,9 @@ func newReport(sizes []int) *report {
 		Date:    time.Now().UTC().Format(time.RFC3339),
 		Machine: fmt.Sprintf("%d CPUs (%s), kernel %s, %s", runtime.NumCPU(), model, unix.ByteSliceToString(u.Release[:]), runtime.Version()),
 		Sizes:   sizes,
-		Flags: fmt.Sprintf("changes=%d pairs=%d kube-proxy-changes=%d kube-proxy-pairs=%d connects=%d workload-timeout=%v gap=%v",
-			*flagChanges, *flagPairs, *flagKPChanges, *flagKPPairs, *flagConnects, *flagTimeout, *flagGap),
+		Flags: fmt.Sprintf("changes=%d pairs=%d kube-proxy-changes=%d kube-proxy-pairs=%d connects=%d workload-timeout=%v gap=%v count-spread=%d",
+			*flagChanges, *flagPairs, *flagKPChanges, *flagKPPairs, *flagConnects, *flagTimeout, *flagGap, spread),
+		CountSpread: spread,
 	}
 }
 
@@ -136,6 +139,9 @@ func (rep *report) merge(path string) error {
 	var old report
 	if err := json.Unmarshal(b, &old); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
+	}
+	if old.CountSpread != rep.CountSpread {
+		return fmt.Errorf("%s: measured with -count-spread=%d, this run with %d: not comparable", path, old.CountSpread, rep.CountSpread)
 	}
 	var rows []Row
 	for _, r := range old.Rows {
