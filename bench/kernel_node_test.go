@@ -318,9 +318,9 @@ func (n *node) record(ctx context.Context, ch churn, what string) error {
 
 // endpointChurn adds an 11th endpoint to a random Service and removes it again,
 // changes/2 times (both families each time: a dual-stack pod comes and goes). All
-// are measured, including the few structural ones: the first 11-endpoint ClusterIP
-// Service adds the @svc-11 set and rewrites a chain, and so does the first
-// 11-endpoint NodePort Service (@np-11).
+// are measured, including the few structural ones: an endpoint count no group
+// has yet (not even as a spare) creates its group chains (clusterip-lb-svc-N,
+// nodeport-lb-np-N) and their verdict map elements.
 func (n *node) endpointChurn(ctx context.Context, changes int, rnd func(int) int) (churn, error) {
 	ch := newChurn()
 	for range (changes + 1) / 2 {

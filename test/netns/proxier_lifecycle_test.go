@@ -202,9 +202,9 @@ func TestProxierRepairAndCleanup(t *testing.T) {
 		t.Run(f.Name, func(t *testing.T) {
 			works(t, f)
 			table := e.fam[f].b.Table()
-			// 1. Someone deletes the ClusterIP's element of its dispatch set (3 endpoints: svc-3).
+			// 1. Someone deletes the ClusterIP's element of its dispatch map (@svc-groups).
 			elem := fmt.Sprintf("{ %s . tcp . %d }", testaddr.Svc(f, s.n), pxSvcPort)
-			if out, err := Exec(e.c.Node, "nft", "delete", "element", f.NFTFamilyName, table, "svc-3", elem); err != nil {
+			if out, err := Exec(e.c.Node, "nft", "delete", "element", f.NFTFamilyName, table, "svc-groups", elem); err != nil {
 				e.fatalf(t, "nft delete element: %v %s", err, out)
 			}
 			broken(t, f, "deleting its element")

@@ -1,14 +1,17 @@
 // Package nftables is dsproxy's nftables backend for one address family ("shape B"
 // of the nftables spike): service and endpoint churn are only element operations on
-// a few global sets and maps. There are no per-service chains and no verdict maps.
+// a few global sets and maps. There are no per-service chains; chains and verdict
+// map elements exist per endpoint count in use, not per Service.
 //
-// A ClusterIP is an element of @svc-N (N = its endpoint count); one rule per N in
-// use DNATs "daddr . l4proto . dport . numgen random mod N" through the global
-// @endpoints map. ExternalIPs and LoadBalancer VIPs are elements of @ext-N (and its
-// Local and short-circuit variants) and have their own elements in @endpoints;
-// NodePorts are elements of @np-N with @nodeport-endpoints. Adding an endpoint to a
-// 10-endpoint service is, per frontend: one endpoint element, and moving the key
-// from the N=10 set to the N=11 one. Every rule lists with nft 1.0.6 (see doc.go).
+// A ClusterIP is an element of @svc-groups naming the group of its endpoint count
+// N; one dispatch rule sends it, through a small verdict map, to the group's chain,
+// whose rule DNATs "daddr . l4proto . dport . numgen random mod N" through the
+// global @endpoints map. ExternalIPs and LoadBalancer VIPs are elements of
+// @ext-groups (and its Local and short-circuit variants) and have their own
+// elements in @endpoints; NodePorts are elements of @np-groups with
+// @nodeport-endpoints. Adding an endpoint to a 10-endpoint service is, per
+// frontend: one endpoint element, and its dispatch element's group changed from
+// N=10 to N=11 (a delete and an add). Every rule lists with nft 1.0.6 (see doc.go).
 //
 // doc.go shows the ruleset; nft.Fake.Dump prints a live one.
 package nftables
@@ -78,10 +81,10 @@ func (b *Backend) Table() string { return b.table }
 // RebuildEvery-th full sync and a full sync that finds the table or a base chain
 // gone rebuild the table under its other name and swap it in, without removing the
 // working rules first. Otherwise a sync is one transaction of element operations for
-// req.Changed (all ports when req.NodeChanged), plus the rules of an endpoint count
-// that first appears (appended to their chains; see doc.go). A full sync also reads back the chains and every set
+// req.Changed (all ports when req.NodeChanged), plus the chains of an endpoint
+// count that first appears (see doc.go). A full sync also reads back the chains and every set
 // except the endpoint and affinity maps, repairs differences (counted in
-// SyncResult.Repairs) and garbage-collects unused dispatch sets.
+// SyncResult.Repairs) and garbage-collects unused dispatch groups.
 //
 // On error the kernel may hold a partial sync; the backend then rebuilds on its
 // next sync, whatever req says.

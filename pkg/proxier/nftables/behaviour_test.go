@@ -1,7 +1,9 @@
 package nftables
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/dsproxy/dsproxy/internal/testaddr"
@@ -174,16 +176,15 @@ var behaviourCases = []behaviourCase{
 	{"affinity on nodePort", twoRemote(affinity(60)), at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
 		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
 	// Two Services claiming one ExternalIP:port: the first by name (the lowest
-	// owner) gets all of its traffic, whichever dispatch rule a packet meets
-	// first (the other's rule finds no element past the owner's list and
-	// falls through to the owner's).
+	// owner) gets all of its traffic, over all of its endpoints: the dispatch
+	// map holds one element per frontend, the owner's group, as @endpoints
+	// holds the owner's list.
 	{"shared ExternalIP: the first Service serves it", sharedExternalIP(3, 5), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 3, 80) }, tcp),
 		func(f *family.Family) outcome { return dnatTo(true, pod(f, 1, 8080), pod(f, 2, 8080), pod(f, 3, 8080)) }},
-	// With the longer list, the owner's traffic still goes only to its own
-	// endpoints, but the other's rule (@ext-3, met first) picks among its
-	// first three.
 	{"shared ExternalIP: the first Service serves it, though its list is longer", sharedExternalIP(5, 3), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 3, 80) }, tcp),
-		func(f *family.Family) outcome { return dnatTo(true, pod(f, 1, 8080), pod(f, 2, 8080), pod(f, 3, 8080)) }},
+		func(f *family.Family) outcome {
+			return dnatTo(true, pod(f, 1, 8080), pod(f, 2, 8080), pod(f, 3, 8080), pod(f, 4, 8080), pod(f, 5, 8080))
+		}},
 	{"other traffic is untouched", twoRemote(), at(fromPod(5), func(f *family.Family) netip.AddrPort { return ext(f, 50, 443) }, tcp),
 		func(f *family.Family) outcome { return outcome{verdict: nft.Accept} }},
 }
@@ -218,6 +219,45 @@ func TestBehaviour(t *testing.T) {
 					t.Errorf("incremental ruleset differs from cold start:\ncold:\n%s\nincremental:\n%s", c, i)
 				}
 			})
+		}
+	}
+}
+
+// TestDispatchOneRule: however many endpoint counts are in use, a new connection
+// to a ClusterIP evaluates one rule in clusterip-lb (its kind's dispatch) and one
+// in its group's chain. With a rule per count it walked every count before its own.
+func TestDispatchOneRule(t *testing.T) {
+	for _, f := range family.All {
+		e := newEnv(t, f)
+		const counts = 20
+		for n := 1; n <= counts; n++ {
+			eps := make([]model.Endpoint, n)
+			for j := range eps {
+				eps[j] = ep(f, j+1, 8080, false)
+			}
+			e.put(svc(f, fmt.Sprintf("s%02d", n), n, 80, tcp), eps...)
+		}
+		e.sync(true)
+		for _, n := range []int{1, counts} {
+			res, err := e.fake.Trace(e.tnode(), to(fromPod(30), cip(f, n, 80), tcp)(f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lb, group := 0, 0
+			for _, l := range res.Trace {
+				switch {
+				case strings.Contains(l, " clusterip-lb rule "):
+					lb++
+				case strings.Contains(l, fmt.Sprintf(" clusterip-lb-svc-%d rule ", n)):
+					group++
+				case strings.Contains(l, " clusterip-lb-"):
+					t.Errorf("%s: %d endpoints: another group's chain: %s", f, n, l)
+				}
+			}
+			if lb != 1 || group != 1 || !res.DNAT.IsValid() {
+				t.Errorf("%s: %d endpoints: %d clusterip-lb rules, %d group rules, dnat %v; want 1, 1, an endpoint:\n%s",
+					f, n, lb, group, res.DNAT, strings.Join(res.Trace, "\n"))
+			}
 		}
 	}
 }

@@ -79,7 +79,7 @@ func BenchmarkColdStart(b *testing.B) {
 // BenchmarkOneServiceAddDelete measures the pure-Go cost of the two syncs that add a
 // new NodePort Service with 10 endpoints and delete it again (diff + transaction
 // building), with a kernel that accepts everything. One op is the pair; each sync
-// may touch at most the ClusterIP and NodePort frontends (an element in a dispatch set
+// may touch at most the ClusterIP and NodePort frontends (an element in a dispatch map
 // and one per endpoint each) and @cluster-ips.
 func BenchmarkOneServiceAddDelete(b *testing.B) {
 	for _, n := range benchSizes {

@@ -154,13 +154,18 @@ type cache struct {
 	node   *proxier.NodeConfig
 	nodeC  []contrib
 	chains map[string]*nft.Chain // as written
-	// chainsStale says the chain inputs (node config, dispatch sets) may have
+	// vmaps are the use chains' verdict maps as written: group id → group chain.
+	vmaps map[string]map[uint32]string
+	// chainsStale says the chain inputs (node config, dispatch groups) may have
 	// changed since chains was computed.
 	chainsStale bool
-	// groups are the dispatch groups with a set, in the order of their rules: sorted
-	// at a rebuild, then each new group at the end, so that a new endpoint count
-	// appends its rules instead of rewriting the chain (see chainOps).
+	// groups are the dispatch groups, in the order their chains were created:
+	// sorted at a rebuild, then each new group at the end. grp holds their state,
+	// byID finds a group by its id.
 	groups []group
+	grp    map[group]*groupState
+	byID   map[uint32]group
+	nextG  uint32
 
 	touched map[setKey]map[string]before
 
@@ -181,7 +186,11 @@ func newCache(x exprs) *cache {
 		ports:   map[model.ServicePortName]*portRecord{},
 		nextID:  nodeOwner + 1,
 		chains:  map[string]*nft.Chain{},
+		vmaps:   map[string]map[uint32]string{},
 		touched: map[setKey]map[string]before{},
+		grp:     map[group]*groupState{},
+		byID:    map[uint32]group{},
+		nextG:   1,
 	}
 	for s := fixedSet(1); s < numFixedSets; s++ {
 		c.set(fixedKey(s))
@@ -198,11 +207,52 @@ func (c *cache) set(k setKey) *setState {
 		}
 		c.sets[k] = s
 		c.chainsStale = c.chainsStale || k.dynamic()
-		if k.isGrp {
-			c.groups = append(c.groups, k.grp)
-		}
 	}
 	return s
+}
+
+// groupState is one dispatch group's: its id, how many owners' dispatch map
+// contributions name it (so not only effective elements: a group stays while
+// any owner wants it), and whether its chains and verdict map elements are
+// written.
+type groupState struct {
+	id      uint32
+	data    string // the dispatch map data naming id (typed mark: host order)
+	users   int
+	written bool
+}
+
+// groupData returns the dispatch map data naming g's id, creating the group when
+// new. Ids are not reused within a cache (a table's life), so a verdict map
+// element never changes its target.
+func (c *cache) groupData(g group) string {
+	if st, ok := c.grp[g]; ok {
+		return st.data
+	}
+	st := &groupState{id: c.nextG, data: string(nft.MarkBytes(c.nextG))}
+	c.nextG++
+	c.grp[g] = st
+	c.byID[st.id] = g
+	c.groups = append(c.groups, g)
+	c.chainsStale = true
+	return st.data
+}
+
+// use counts an owner's contribution ct in or out of its group's users when ct
+// is a dispatch map element.
+func (c *cache) use(ct contrib, delta int) {
+	if _, ok := ct.set.kind(); !ok || len(ct.data) != 4 {
+		return
+	}
+	if g, ok := c.byID[binary.NativeEndian.Uint32(bytesOf(ct.data))]; ok {
+		c.grp[g].users += delta
+	}
+}
+
+// used reports whether group g exists and has users.
+func (c *cache) used(g group) bool {
+	st, ok := c.grp[g]
+	return ok && st.users > 0
 }
 
 // touch records the kernel value of key before its first change since the last
@@ -224,7 +274,7 @@ func (c *cache) touch(s *setState, key string) (element, bool) {
 // as lists (see setState.elemSize). These are unread sets (unreadSet): verify
 // never compares their lists with the kernel's elements.
 func listSet(k setKey) bool {
-	return !k.isGrp && !k.isFW() && (k.fixed == setEndpoints || k.fixed == setNodePortEndpoints)
+	return !k.isFW() && (k.fixed == setEndpoints || k.fixed == setNodePortEndpoints)
 }
 
 // size returns how many elements the kernel's set holds.
@@ -244,6 +294,7 @@ func (s *setState) recount(old, cur string) {
 
 func (c *cache) addOwner(id uint32, ct contrib) {
 	s := c.set(ct.set)
+	c.use(ct, 1)
 	o := owner{id: id, data: ct.data}
 	if c.fresh {
 		e, ok := s.elems[ct.key]
@@ -276,6 +327,7 @@ func (c *cache) addOwner(id uint32, ct contrib) {
 
 func (c *cache) removeOwner(id uint32, ct contrib) {
 	s := c.set(ct.set)
+	c.use(ct, -1)
 	var e element
 	var ok bool
 	if c.fresh {
@@ -344,21 +396,21 @@ type plan struct {
 
 // drain turns the touched elements into delete and add operations (a changed map
 // value is a delete plus an add, which the kernel needs in one transaction), creates
-// the sets not yet written, and garbage-collects empty dispatch sets when gc is set.
+// the sets not yet written, and garbage-collects unused dispatch groups when gc is set.
 // The chain operations come from chainOps. It resets the touched record.
 func (c *cache) drain(table string, gc bool) *plan {
 	p := &plan{}
+	if gc {
+		c.collectGroups()
+	}
 	c.addSpares()
 	for _, k := range c.sortedSetKeys() {
 		s := c.sets[k]
-		if gc && k.dynamic() && len(s.elems) == 0 && !(k.isGrp && c.spare(k.grp)) {
+		if gc && k.dynamic() && len(s.elems) == 0 {
 			if s.written {
 				p.delSets = append(p.delSets, nft.Op{Kind: nft.OpDeleteSet, Table: table, SetName: s.def.Name})
 			}
 			delete(c.sets, k)
-			if k.isGrp {
-				c.groups = slices.DeleteFunc(c.groups, func(g group) bool { return g == k.grp })
-			}
 			c.chainsStale = true
 			continue
 		}
@@ -396,17 +448,36 @@ func (c *cache) drain(table string, gc bool) *plan {
 	return p
 }
 
-// spare reports whether the group g is kept though empty: a group with one
+// collectGroups forgets the groups without users that are not spares; chainOps
+// then deletes their chains and verdict map elements.
+func (c *cache) collectGroups() {
+	gone := func(g group) bool { return !c.used(g) && !c.spare(g) }
+	for _, g := range c.groups {
+		if gone(g) {
+			c.chainsStale = true
+		}
+	}
+	c.groups = slices.DeleteFunc(c.groups, func(g group) bool {
+		if !gone(g) {
+			return false
+		}
+		delete(c.byID, c.grp[g].id)
+		delete(c.grp, g)
+		return true
+	})
+}
+
+// spare reports whether the group g is kept though unused: a group with one
 // endpoint more or less than a used group of its kind. A new dispatch group costs
-// a rule that binds @endpoints (or @nodeport-endpoints), and the kernel checks
-// every element of the map when it binds one: 90 ms at 300k elements. A rebuild
-// creates these neighbours while the maps are still empty, so the usual change of
-// an endpoint count by one is only element operations.
+// chains whose rules bind @endpoints (or @nodeport-endpoints), and the kernel
+// checks every element of the map when it binds one: 90 ms at 300k elements. A
+// rebuild creates these neighbours while the maps are still empty, so the usual
+// change of an endpoint count by one is only element operations.
 func (c *cache) spare(g group) bool {
 	for _, n := range neighbours(g.n) {
 		h := g
 		h.n = n
-		if s, ok := c.sets[groupKey(h)]; ok && len(s.elems) > 0 {
+		if c.used(h) {
 			return true
 		}
 	}
@@ -441,23 +512,21 @@ func (c *cache) cheapBind(g group) bool {
 
 // addSpares creates the spare groups of the groups this sync creates (all of them
 // at a rebuild; at other syncs only while cheapBind), and orders the new groups
-// after the written ones: the used ones, then the empty spares, each sorted. So a
-// cold start and an incremental sync from an empty table build the same chains, a
-// packet to a used group does not walk the spares' rules first, and new groups
-// only append rules.
+// after the written ones: the used ones, then the unused spares, each sorted, so
+// that the chains are created in a deterministic order.
 func (c *cache) addSpares() {
 	for _, g := range slices.Clone(c.groups) {
-		if s := c.sets[groupKey(g)]; s.written || len(s.elems) == 0 || !c.cheapBind(g) {
+		if c.grp[g].written || !c.used(g) || !c.cheapBind(g) {
 			continue
 		}
 		for _, n := range neighbours(g.n) {
 			h := g
 			h.n = n
-			c.set(groupKey(h))
+			c.groupData(h)
 		}
 	}
-	fresh := func(g group) bool { return !c.sets[groupKey(g)].written }
-	empty := func(g group) bool { return len(c.sets[groupKey(g)].elems) == 0 }
+	fresh := func(g group) bool { return !c.grp[g].written }
+	empty := func(g group) bool { return !c.used(g) }
 	news := slices.DeleteFunc(slices.Clone(c.groups), func(g group) bool { return !fresh(g) })
 	if len(news) == 0 {
 		return
@@ -594,6 +663,10 @@ func (c *cache) sortedSetKeys() []setKey {
 // chainInputs returns what the regular chains depend on.
 func (c *cache) chainInputs() chainInputs {
 	in := chainInputs{node: c.node, groups: slices.Clone(c.groups)}
+	in.ids = make([]uint32, len(in.groups))
+	for i, g := range in.groups {
+		in.ids[i] = c.grp[g].id
+	}
 	for k := range c.sets {
 		if k.isFW() {
 			in.fwBits = append(in.fwBits, int(k.fwBits))
@@ -603,21 +676,34 @@ func (c *cache) chainInputs() chainInputs {
 	return in
 }
 
-// chainOps returns the operations for the regular chains that differ from what
-// was written, and records them as written: AppendRules when the written rules
-// are a prefix of the new ones (a new dispatch group), else SetChain, which
-// rewrites the chain. It computes nothing unless a dispatch set or the node config
-// changed.
+// chainOps returns the operations for the regular chains, the group chains and
+// the use chains' verdict maps that differ from what was written, and records
+// them as written: AppendRules when the written rules are a prefix of the new
+// ones, else SetChain, which rewrites the chain. The verdict maps are created
+// first; a new group's chains come before its verdict map elements, and a gone
+// group's elements are deleted before its chains. It computes nothing unless a
+// dispatch group or the node config changed.
 //
 // A rewrite costs the kernel time proportional to the big maps the chain's rules
-// look up (50 ms at 10k services, 150-210 ms at 30k), an append does not.
+// look up (50 ms at 10k services, 150-210 ms at 30k), an append does not; a new
+// endpoint count creates chains and verdict map elements and rewrites nothing.
 func (c *cache) chainOps(table string) []nft.Op {
 	if !c.chainsStale {
 		return nil
 	}
 	c.chainsStale = false
-	var ops []nft.Op
-	for _, ch := range c.x.regularChains(c.chainInputs()) {
+	var ops, adds, dels, delChains []nft.Op
+	for _, use := range useChains {
+		if _, ok := c.vmaps[use]; !ok {
+			ops = append(ops, nft.Op{Kind: nft.OpAddSet, Table: table, Set: vmapDef(use)})
+			c.vmaps[use] = map[uint32]string{}
+		}
+	}
+	in := c.chainInputs()
+	chains := c.x.regularChains(in)
+	want := make(map[string]bool, len(chains))
+	for _, ch := range chains {
+		want[ch.Name] = true
 		old := c.chains[ch.Name]
 		switch {
 		case chainsEqual(old, ch):
@@ -629,5 +715,39 @@ func (c *cache) chainOps(table string) []nft.Op {
 		}
 		c.chains[ch.Name] = ch
 	}
-	return ops
+	for _, name := range slices.Sorted(maps.Keys(c.chains)) {
+		if !want[name] && !isBaseChain(name) {
+			delChains = append(delChains, nft.Op{Kind: nft.OpDeleteChain, Table: table, Name: name})
+			delete(c.chains, name)
+		}
+	}
+	vm := groupVmaps(in)
+	for _, use := range useChains {
+		old, cur := c.vmaps[use], vm[use]
+		var add, del []nft.Element
+		for _, id := range slices.Sorted(maps.Keys(cur)) {
+			if old[id] != cur[id] {
+				if _, ok := old[id]; ok {
+					del = append(del, nft.Element{Key: nft.MarkBytes(id)})
+				}
+				add = append(add, vmapElement(id, cur[id]))
+			}
+		}
+		for _, id := range slices.Sorted(maps.Keys(old)) {
+			if _, ok := cur[id]; !ok {
+				del = append(del, nft.Element{Key: nft.MarkBytes(id)})
+			}
+		}
+		if len(add) > 0 {
+			adds = append(adds, nft.Op{Kind: nft.OpAddElements, Table: table, SetName: groupVmap(use), Elements: add})
+		}
+		if len(del) > 0 {
+			dels = append(dels, nft.Op{Kind: nft.OpDeleteElements, Table: table, SetName: groupVmap(use), Elements: del})
+		}
+		c.vmaps[use] = cur
+	}
+	for _, g := range c.groups {
+		c.grp[g].written = true
+	}
+	return slices.Concat(dels, ops, adds, delChains)
 }

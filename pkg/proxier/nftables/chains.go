@@ -93,31 +93,73 @@ func (x exprs) baseChainList() []*nft.Chain {
 // chainInputs is everything the regular chains depend on.
 type chainInputs struct {
 	node   *proxier.NodeConfig
-	groups []group // in rule order
-	fwBits []int   // sorted
+	groups []group  // in creation order
+	ids    []uint32 // ids[i] is groups[i]'s
+	fwBits []int    // sorted
+}
+
+func isBaseChain(name string) bool {
+	return slices.ContainsFunc(baseChains, func(bc baseChain) bool { return bc.name == name })
+}
+
+// vmapDef is the definition of use chain use's verdict map.
+func vmapDef(use string) *nft.Set {
+	return &nft.Set{Name: groupVmap(use), IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict}
+}
+
+func vmapElement(id uint32, chain string) nft.Element {
+	return nft.Element{Key: nft.MarkBytes(id), Verdict: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}}
+}
+
+// groupVmaps returns the verdict maps' elements for in: per use chain, group id
+// → group chain.
+func groupVmaps(in chainInputs) map[string]map[uint32]string {
+	out := make(map[string]map[uint32]string, len(useChains))
+	for _, use := range useChains {
+		out[use] = map[uint32]string{}
+	}
+	for i, g := range in.groups {
+		for _, u := range kinds[g.kind].uses {
+			out[u.chain][in.ids[i]] = groupChain(u.chain, g)
+		}
+	}
+	return out
 }
 
 // regularChains returns the regular chains for in, in dependency order (a chain
-// comes after the chains it jumps to). It is a pure function.
+// comes after the chains it jumps to; the group chains, reached through the
+// verdict maps, first). It is a pure function.
 //
 // A new connection walks them in the NAT prerouting/output hook, service or not,
 // so they are laid out for few expressions per packet: only packets to a ClusterIP
-// enter clusterip (masquerade decision) and clusterip-lb (one rule per endpoint
-// count); the NodePort rules sit in nodeport-lb behind one NodePort-address test;
-// the services chain jumps only to chains that have rules.
+// enter clusterip (masquerade decision) and clusterip-lb (one dispatch rule: the
+// frontend's group, then its chain, whatever the number of groups); the NodePort
+// rules sit in nodeport-lb behind one NodePort-address test; the services chain
+// jumps only to chains that have rules.
 func (x exprs) regularChains(in chainInputs) []*nft.Chain {
 	byChain := map[string][]nft.Rule{}
 	matchAll := in.node.NodePortAddresses.MatchAll
+	var out []*nft.Chain
+	var present [numKinds]bool
 	for _, g := range in.groups {
+		present[g.kind] = true
 		for _, u := range kinds[g.kind].uses {
-			byChain[u.chain] = append(byChain[u.chain], x.groupRules(g, u.masq, u.chain != chainNodePortLB, matchAll)...)
+			out = append(out, &nft.Chain{Name: groupChain(u.chain, g), Rules: x.groupRules(g, u.masq)})
+		}
+	}
+	for k := range numKinds {
+		if !present[k] {
+			continue
+		}
+		for _, u := range kinds[k].uses {
+			byChain[u.chain] = append(byChain[u.chain], x.dispatchRule(k, u.chain, u.chain != chainNodePortLB, matchAll))
 		}
 	}
 	ext := byChain[chainExternalLB]
 	if len(byChain[chainNodePortLB]) > 0 {
 		ext = append(ext, nft.Rule{Exprs: append(nodePortMatch(x, matchAll), jump(chainNodePortLB)), Comment: "nodeports"})
 	}
-	return []*nft.Chain{
+	return append(out, []*nft.Chain{
 		{Name: chainClusterIPLB, Rules: byChain[chainClusterIPLB]},
 		{Name: chainNodePortLB, Rules: byChain[chainNodePortLB]},
 		{Name: chainExternalLB, Rules: ext},
@@ -130,7 +172,7 @@ func (x exprs) regularChains(in chainInputs) []*nft.Chain {
 		{Name: chainNPEndpointsCheck, Rules: x.nodePortEndpointsCheck(matchAll)},
 		{Name: chainClusterIPsCheck, Rules: x.clusterIPsCheck(in.node)},
 		{Name: chainFirewallCheck, Rules: x.firewallCheck(in.fwBits)},
-	}
+	}...)
 }
 
 // clusterIPRules are what a packet to a ClusterIP goes through: the masquerade
@@ -164,35 +206,67 @@ func (x exprs) servicesRules(node *proxier.NodeConfig, shortPod, shortNode, exte
 	return out
 }
 
-// groupRules returns the rules of one dispatch group in one chain:
+// dispatchRule sends a packet of kind k in chain use to its group's chain:
 //
-//	key @set  [mark |= 0x4000]  dnat to key . numgen random mod N [offset S] map @endpoints
+//	[NodePort address test] meta mark set <key> map @<kind>-groups
+//	  meta mark set meta mark  meta mark vmap @<use>-groups
+//
+// The group id looked up by the key selects the verdict map element. nft before
+// 1.1 asserts when it lists a rule whose lookup key holds another lookup's result,
+// so the id passes through the packet mark within the rule (as the affinity hit
+// rule's index does): save the mark, set it to the id, load it back as the verdict
+// map's key, restore the saved mark. A key not in the map ends the rule before
+// the mark is touched. The NodePort kinds test the NodePort addresses first when
+// npCheck (in nodeport-lb a rule before the jump did).
+func (x exprs) dispatchRule(k kind, use string, npCheck, npMatchAll bool) nft.Rule {
+	ki := kinds[k]
+	var e []expr.Any
+	kl := x.a + 2
+	if ki.nodePort {
+		kl = 2
+		if npCheck {
+			e = nodePortMatch(x, npMatchAll)
+		}
+	}
+	saved, id, key := r8+kl, r8+kl+1, r8+kl+2
+	e = append(e, &expr.Meta{Key: expr.MetaKeyMARK, Register: saved})
+	if ki.nodePort {
+		e = append(e, npKey(r8)...)
+	} else {
+		e = append(e, x.vipKey(r8)...)
+	}
+	e = append(e,
+		lookupMap(fixedSetNames[kindMap(k)], r8, id),
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: id},
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: key},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: saved},
+		&expr.Lookup{SourceRegister: key, DestRegister: unix.NFT_REG_VERDICT, IsDestRegSet: true, SetName: groupVmap(use)})
+	return nft.Rule{Exprs: e, Comment: ki.prefix + " dispatch"}
+}
+
+// groupRules returns the rules of one dispatch group's chain in one use chain:
+//
+//	[mark |= 0x4000]  dnat to key . numgen random mod N [offset S] map @endpoints
 //
 // and with ClientIP affinity two rules: reuse a still-usable @affinity entry, else
 // pick an endpoint and record it. The NodePort kinds use the l4proto . dport key,
-// @nodeport-endpoints and @nodeport-affinity, and start with the NodePort-address
-// test when npCheck (in nodeport-lb a rule before the jump made it).
+// @nodeport-endpoints and @nodeport-affinity. The dispatch rule checked the key.
 //
 // Every lookup key is made of registers loaded from the packet (or numgen, or meta
 // mark): nft before 1.1 asserts when it lists a rule whose lookup key or dynset data
 // holds another lookup's result, so no rule chains one map into another.
-func (x exprs) groupRules(g group, masq, npCheck, npMatchAll bool) []nft.Rule {
+func (x exprs) groupRules(g group, masq bool) []nft.Rule {
 	ki := kinds[g.kind]
-	var pre []expr.Any
-	if ki.nodePort && npCheck {
-		pre = nodePortMatch(x, npMatchAll)
-	}
-	set := g.name()
-	comment := set
+	comment := g.name()
 	if masq {
 		comment += " masquerade"
 	}
 	kl := x.a + 2 // key registers
 	key := func(reg uint32) []expr.Any {
 		if ki.nodePort {
-			return append(npKey(reg), lookup(set, reg))
+			return npKey(reg)
 		}
-		return append(x.vipKey(reg), lookup(set, reg))
+		return x.vipKey(reg)
 	}
 	if ki.nodePort {
 		kl = 2
@@ -204,7 +278,7 @@ func (x exprs) groupRules(g group, masq, npCheck, npMatchAll bool) []nft.Rule {
 	if g.timeout == 0 {
 		ng := r8 + kl
 		rd := ng + 1
-		e := append(clone(pre), key(r8)...)
+		e := key(r8)
 		if masq {
 			e = append(e, setMasqMark(rd)...)
 		}
@@ -216,13 +290,12 @@ func (x exprs) groupRules(g group, masq, npCheck, npMatchAll bool) []nft.Rule {
 	if ki.nodePort {
 		aff = fixedSetNames[setNodePortAffinity]
 	}
-	return x.affinityRules(g, affinityRegs{pre: pre, key: key, kl: kl, eps: eps, aff: aff, masq: masq}, comment)
+	return x.affinityRules(g, affinityRegs{key: key, kl: kl, eps: eps, aff: aff, masq: masq}, comment)
 }
 
 // affinityRegs describes one group's affinity rules.
 type affinityRegs struct {
-	pre      []expr.Any
-	key      func(reg uint32) []expr.Any // loads the key and checks the dispatch set
+	key      func(reg uint32) []expr.Any // loads the key
 	kl       uint32                      // key registers
 	eps, aff string                      // endpoint and affinity maps
 	masq     bool
@@ -251,7 +324,7 @@ func (x exprs) affinityRules(g group, r affinityRegs, comment string) []nft.Rule
 	d := s + x.a
 	ix := d + r.kl
 	timeout := time.Duration(g.timeout) * time.Second
-	load := append(append(clone(r.pre), x.saddr(s)), r.key(d)...)
+	load := append([]expr.Any{x.saddr(s)}, r.key(d)...)
 
 	saved, found := ix+1, ix+2
 	hit := append(clone(load),

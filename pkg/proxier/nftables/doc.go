@@ -2,23 +2,32 @@ package nftables
 
 // The ruleset of one family (IPv4 shown; IPv6 is the same in table ip6 with
 // 16-byte addresses). Rules are google/nftables expressions; this is their nft-like
-// reading. N is an endpoint count in use, T an affinity timeout in use, L a
-// loadBalancerSourceRanges prefix length in use: their sets and rules appear when
-// first needed and go at a full sync once unused. A sync that creates the set of
-// a count N also creates the (empty) spares N-1 and N+1 when binding their rules
-// is cheap (a rebuild, or endpoint maps under 20k elements), and a full sync
-// keeps a spare while its neighbour is in use: a new rule that looks up
-// @endpoints makes the kernel walk every element of it (~90 ms at 300k), so an
-// endpoint count that changes by one is only element operations. The rules of a
-// new count are appended to their chain (nft.OpAppendRules), not the chain
-// rewritten; a rebuild orders each kind's used counts first, spares last.
+// reading. A dispatch group is a kind of frontend (svc, ext, ext-local, ext-short,
+// np, np-local, np-short), an endpoint count N and an affinity timeout T (-aT when
+// set); each group has an id and, in each chain its kind dispatches in, a chain of
+// its own holding its DNAT rule. A frontend's element in its kind's dispatch map
+// names its group's id; the chain's verdict map sends the id to the group's chain.
+// So a new connection costs two map lookups and one goto whatever the number of
+// groups (a rule per group, walked in turn, cost ~0.15 µs per group a packet
+// passed). Groups appear when first needed and go at a full sync once unused. A
+// sync that creates the group of a count N also creates the (unused) spares N-1
+// and N+1 when binding their rules is cheap (a rebuild, or endpoint maps under
+// 20k elements), and a full sync keeps a spare while its neighbour is in use: a
+// new rule that looks up @endpoints makes the kernel walk every element of it
+// (~90 ms at 300k), so an endpoint count that changes by one is only element
+// operations. A new group adds chains and verdict map elements; no chain is
+// rewritten. Verdict maps hold only group ids (tens of elements): the kernel
+// validates every jump/goto element of a table whenever a transaction adds one
+// (~0.15 µs each, 4.6 ms for a 30k-element map), which a per-frontend verdict map
+// would cost on every Service add.
 //
 //	table ip dsproxy {            # or dsproxy-b: a rebuild swaps names
 //	  map endpoints          { type ipv4_addr . inet_proto . inet_service . mark : ipv4_addr . inet_service }  # frontend . index → ep
 //	  map nodeport-endpoints { type inet_proto . inet_service . mark : ipv4_addr . inet_service }              # nodeport . index → ep
-//	  set svc-N, ext-N, ext-local-N, ext-short-N  { type ipv4_addr . inet_proto . inet_service }  # frontends with N endpoints
-//	  set np-N, np-local-N, np-short-N            { type inet_proto . inet_service }
-//	  (each also as <name>-aT with ClientIP affinity)
+//	  map svc-groups, ext-groups, ext-local-groups, ext-short-groups { type ipv4_addr . inet_proto . inet_service : mark }  # frontend → group id
+//	  map np-groups, np-local-groups, np-short-groups                { type inet_proto . inet_service : mark }
+//	  map clusterip-lb-groups, external-lb-groups, nodeport-lb-groups,
+//	      short-circuit-pod-groups, short-circuit-node-groups { type mark : verdict }  # group id → goto <chain>-<group>
 //	  map affinity           { saddr . frontend : mark (index); flags dynamic,timeout; size 65535 }
 //	  map nodeport-affinity  { saddr . nodeport : mark (index); flags dynamic,timeout; size 65535 }
 //	  set cluster-ips, nodeport-ips { type ipv4_addr }
@@ -49,23 +58,34 @@ package nftables
 //	    <not from local pods> meta mark set mark | 0x4000   # MasqueradeAll: unconditional
 //	    jump clusterip-lb
 //	  }
-//	  chain clusterip-lb {   # per N:
-//	    ip daddr . meta l4proto . th dport @svc-N dnat to ip daddr . meta l4proto . th dport . numgen random mod N map @endpoints
+//	  chain clusterip-lb {   # one dispatch rule per kind with groups:
+//	    meta mark set ip daddr . meta l4proto . th dport map @svc-groups meta mark set meta mark meta mark vmap @clusterip-lb-groups
 //	  }
-//	  chain external-lb {    # per N:
-//	    ip daddr . meta l4proto . th dport @ext-N meta mark set mark | 0x4000 dnat to ip daddr . meta l4proto . th dport . numgen random mod N map @endpoints
-//	    ip daddr . meta l4proto . th dport @ext-local-N dnat to ... numgen random mod N map @endpoints
+//	  chain clusterip-lb-svc-N {
+//	    dnat to ip daddr . meta l4proto . th dport . numgen random mod N map @endpoints
+//	  }
+//	  chain external-lb {
+//	    <ext dispatch: @ext-groups, vmap @external-lb-groups>
+//	    <ext-local dispatch: @ext-local-groups, vmap @external-lb-groups>
 //	    <nodeport addr> jump nodeport-lb
 //	  }
-//	  chain nodeport-lb {    # per N:
-//	    meta l4proto . th dport @np-N meta mark set mark | 0x4000 dnat to meta l4proto . th dport . numgen random mod N map @nodeport-endpoints
-//	    meta l4proto . th dport @np-local-N dnat ...
+//	  chain external-lb-ext-N       { meta mark set mark | 0x4000 dnat to ip daddr . meta l4proto . th dport . numgen random mod N map @endpoints }
+//	  chain external-lb-ext-local-N { dnat to ... numgen random mod N map @endpoints }
+//	  chain nodeport-lb {    # @np-groups and @np-local-groups, vmap @nodeport-lb-groups
+//	    meta mark set meta l4proto . th dport map @np-groups meta mark set meta mark meta mark vmap @nodeport-lb-groups
+//	    ...
 //	  }
-//	  chain short-circuit-pod  { @ext-short-N and <nodeport addr> @np-short-N rules, no mark, "numgen random mod N offset 0x80000000" }   # ETP Local → cluster endpoints
-//	  chain short-circuit-node { the same rules, marking for masquerade }
-//	  # with affinity T, each rule is two. Hit: the index of saddr . key in @affinity
-//	  # (passed through the packet mark, which is restored in the same rule) completes
-//	  # the @endpoints key; update @affinity; dnat. Pick: numgen → index → ep via
+//	  chain nodeport-lb-np-N { meta mark set mark | 0x4000 dnat to meta l4proto . th dport . numgen random mod N map @nodeport-endpoints }
+//	  chain short-circuit-pod  { ext-short and <nodeport addr> np-short dispatch, vmap @short-circuit-pod-groups }   # ETP Local → cluster endpoints
+//	  chain short-circuit-node { the same with @short-circuit-node-groups, whose group chains mark for masquerade }
+//	  # group chains of short-circuit kinds pick "numgen random mod N offset 0x80000000".
+//	  # The dispatch rule passes the group id through the packet mark within the rule
+//	  # (nft before 1.1 can't list a lookup keyed by another lookup's result): save the
+//	  # mark, set it to the id, load it back as the verdict map key, restore the mark.
+//	  # A frontend not in the map ends the rule before the mark is touched.
+//	  # With affinity T, a group chain has two rules. Hit: the index of saddr . key in
+//	  # @affinity (passed through the packet mark the same way) completes the
+//	  # @endpoints key; update @affinity; dnat. Pick: numgen → index → ep via
 //	  # @endpoints, delete and add @affinity { saddr . key timeout T : index }, dnat.
 //	  # <nodeport addr> is "fib daddr type local ip daddr & 255.0.0.0 != 127.0.0.0", or
 //	  # "ip daddr @nodeport-ips" when NodePort addresses are listed.
@@ -98,8 +118,9 @@ package nftables
 // elements in @endpoints (@nodeport-endpoints): key . index, index 0..N-1 for the
 // list the frontend uses (the ClusterIP's per internalTrafficPolicy, the others' per
 // externalTrafficPolicy) and, for an ETP Local frontend, shortOffset+0..N-1 for the
-// cluster list its short-circuit uses. No rule maps one key to another: nft before
-// 1.1 aborts listing a rule whose lookup key (or dynset data) holds another
-// lookup's result, and that breaks every nft listing on the node, even "nft list
-// tables". The index is typed mark (4 bytes, host order, what numgen writes): nft
-// aborts listing a concatenation with a sizeless integer field.
+// cluster list its short-circuit uses. No rule keys a lookup with another lookup's
+// result: nft before 1.1 aborts listing such a rule (or dynset data), and that
+// breaks every nft listing on the node, even "nft list tables"; the packet mark
+// carries such values within a rule instead. The index and the group id are typed
+// mark (4 bytes, host order, what numgen writes): nft aborts listing a
+// concatenation with a sizeless integer field.

@@ -58,6 +58,7 @@ func listOf(local bool) int {
 
 // portBuilder computes one service port's contributions.
 type portBuilder struct {
+	c     *cache // for the dispatch groups' ids
 	ps    *model.PortState
 	proto uint8
 	aff   uint32
@@ -147,13 +148,13 @@ func appendAddr(buf []byte, a netip.Addr) []byte {
 }
 
 // frontend puts key (a vip key, or an np key for the NodePort kinds) into the
-// dispatch set of kind k and writes its endpoint elements,
+// dispatch map of kind k, naming its group, and writes its endpoint elements,
 // key . (offset + i) → endpoint i of the Local (or Cluster) list, as one list
 // contribution (see listKey).
 func (b *portBuilder) frontend(k kind, key string, local bool) {
 	ki := kinds[k]
 	eps, data := b.list(local)
-	b.add(groupKey(group{kind: k, n: uint32(len(eps)), timeout: b.aff}), key, "")
+	b.add(fixedKey(kindMap(k)), key, b.c.groupData(group{kind: k, n: uint32(len(eps)), timeout: b.aff}))
 	set := fixedKey(setEndpoints)
 	if ki.nodePort {
 		set = fixedKey(setNodePortEndpoints)
@@ -200,7 +201,7 @@ func (c *cache) contribs(rec *portRecord, replay bool, old portRecord) []contrib
 	if ps == nil {
 		return nil
 	}
-	b := &portBuilder{ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds, rec: rec, replay: replay, old: old}
+	b := &portBuilder{c: c, ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds, rec: rec, replay: replay, old: old}
 	if b.proto == 0 || !c.x.f.Contains(ps.ClusterIP) {
 		if !replay {
 			rec.slots = [2][]netip.AddrPort{}
@@ -236,7 +237,7 @@ func contribsHint(ps *model.PortState) int {
 			fronts++
 		}
 	}
-	n := 1 + 2*fronts // dispatch set and endpoint list of each
+	n := 1 + 2*fronts // dispatch element and endpoint list of each
 	for i := range ps.Cluster {
 		if ps.Cluster[i].Local {
 			n++ // @hairpin

@@ -45,7 +45,9 @@ const (
 	setReservedNodePorts
 	setFirewallIPs
 	setHairpin
-	numFixedSets
+	// setKindGroups + k is the dispatch map of kind k: frontend key → group id.
+	setKindGroups
+	numFixedSets = setKindGroups + fixedSet(numKinds)
 )
 
 var fixedSetNames = [numFixedSets]string{
@@ -64,12 +66,29 @@ var fixedSetNames = [numFixedSets]string{
 	setHairpin:                  "hairpin",
 }
 
-// kind is a class of dispatch sets: how the packet's key is read, which endpoint
+func init() {
+	for k := range numKinds {
+		fixedSetNames[kindMap(k)] = kinds[k].prefix + "-groups"
+	}
+}
+
+// kindMap is the dispatch map of kind k.
+func kindMap(k kind) fixedSet { return setKindGroups + fixedSet(k) }
+
+// mapKind returns the kind whose dispatch map s is.
+func mapKind(s fixedSet) (kind, bool) {
+	if s >= setKindGroups && s < numFixedSets {
+		return kind(s - setKindGroups), true
+	}
+	return 0, false
+}
+
+// kind is a class of frontends: how the packet's key is read, which endpoint
 // list of the key's @endpoints (or @nodeport-endpoints) entries it picks from and
-// where the rules that use the set live. Every dispatch set is a plain set of
-// frontend keys: each frontend (ClusterIP, ExternalIP, LoadBalancer VIP, NodePort)
-// has its own endpoint elements, so no rule maps one key to another (nft before
-// 1.1 cannot print a rule whose lookup key holds another lookup's result).
+// in which chains it is dispatched. Each kind has one dispatch map,
+// @<prefix>-groups, from frontend key to the id of its group; each frontend
+// (ClusterIP, ExternalIP, LoadBalancer VIP, NodePort) has its own endpoint
+// elements.
 type kind uint8
 
 const (
@@ -130,8 +149,10 @@ func (k kindInfo) offset() uint32 {
 	return 0
 }
 
-// group is one dispatch set: a kind, an endpoint count and an affinity timeout (0
-// for none). Each group has one set and one rule (two with affinity) per chain use.
+// group is one dispatch group: a kind, an endpoint count and an affinity timeout
+// (0 for none). Each group has an id (the data of its frontends in the kind's
+// dispatch map) and, per chain use, a chain "<use chain>-<name>" holding its rule
+// (two with affinity), reached through the use chain's verdict map.
 type group struct {
 	kind    kind
 	n       uint32
@@ -166,27 +187,39 @@ func cmpU32(a, b uint32) int {
 	return 0
 }
 
-// setKey identifies a set in the cache: a fixed set, a dispatch group, or the
+// groupChain is the chain of group g in use chain use.
+func groupChain(use string, g group) string { return use + "-" + g.name() }
+
+// groupVmap is the verdict map of use chain use: group id → goto its group chain.
+func groupVmap(use string) string { return use + "-groups" }
+
+// useChains are the chains that dispatch through a verdict map, in the order their
+// maps are created.
+var useChains = []string{chainClusterIPLB, chainExternalLB, chainNodePortLB, chainShortPod, chainShortNode}
+
+// setKey identifies a set in the cache: a fixed set, or the
 // loadBalancerSourceRanges allow set of one prefix length (fwBits > 0).
 type setKey struct {
 	fixed  fixedSet
-	grp    group
-	isGrp  bool
 	fwBits uint8
 }
 
 func fixedKey(s fixedSet) setKey   { return setKey{fixed: s} }
-func groupKey(g group) setKey      { return setKey{grp: g, isGrp: true} }
 func fwKey(bits int) setKey        { return setKey{fwBits: uint8(bits)} }
-func (k setKey) dynamic() bool     { return k.isGrp || k.fwBits > 0 }
+func (k setKey) dynamic() bool     { return k.fwBits > 0 }
 func (k setKey) isFW() bool        { return k.fwBits > 0 }
 func (k setKey) fixedName() string { return fixedSetNames[k.fixed] }
 
+// kind returns the kind whose dispatch map k is.
+func (k setKey) kind() (kind, bool) {
+	if k.isFW() {
+		return 0, false
+	}
+	return mapKind(k.fixed)
+}
+
 func (k setKey) name() string {
-	switch {
-	case k.isGrp:
-		return k.grp.name()
-	case k.fwBits > 0:
+	if k.fwBits > 0 {
 		return "fw-allow-" + strconv.Itoa(int(k.fwBits))
 	}
 	return k.fixedName()
@@ -230,11 +263,14 @@ const affinitySize = 65535
 // setDef returns the definition of the set k in family types t.
 func (t setTypes) setDef(k setKey) *nft.Set {
 	s := &nft.Set{Name: k.name(), Concat: true}
+	if kd, ok := k.kind(); ok {
+		s.IsMap, s.KeyType, s.DataType = true, t.vip, nftables.TypeMark
+		if kinds[kd].nodePort {
+			s.KeyType = t.np
+		}
+		return s
+	}
 	switch {
-	case k.isGrp && kinds[k.grp.kind].nodePort:
-		s.KeyType = t.np
-	case k.isGrp:
-		s.KeyType = t.vip
 	case k.isFW():
 		s.KeyType = t.fwKey
 	default:

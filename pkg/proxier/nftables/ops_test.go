@@ -146,30 +146,36 @@ func addrPorts(eps []model.Endpoint) []netip.AddrPort {
 	return out
 }
 
-// TestNewCountAddsRules checks that a new endpoint count adds its set and rules once.
+// TestNewCountAddsRules checks that a new endpoint count adds its group chain
+// once, and that a full sync collects the chain of a count no longer used.
 func TestNewCountAddsRules(t *testing.T) {
 	e := newEnv(t, family.IPv4)
 	name := e.put(svc(e.f, "web", 10, 80, tcp), ep(e.f, 1, 8080, false))
 	e.sync(true)
 	e.put(e.state.Ports[name].ServicePort, ep(e.f, 1, 8080, false), ep(e.f, 2, 8080, false), ep(e.f, 3, 8080, false))
 	e.sync(false, name)
-	if !strings.Contains(e.fake.Dump(e.f), "@svc-3") {
-		t.Errorf("no rule for @svc-3:\n%s", e.fake.Dump(e.f))
+	if !strings.Contains(e.fake.Dump(e.f), "chain clusterip-lb-svc-3\n") {
+		t.Errorf("no chain for svc-3:\n%s", e.fake.Dump(e.f))
 	}
-	// The now unused @svc-1 goes at the next full sync.
+	// The now unused svc-1 goes at the next full sync (svc-2 stays: a spare of 3).
 	res := e.sync(true)
 	if res.Repairs != 0 {
 		t.Errorf("full sync found %d repairs on an untouched kernel", res.Repairs)
 	}
-	if strings.Contains(e.fake.Dump(e.f), "svc-1 ") {
-		t.Errorf("@svc-1 not garbage-collected:\n%s", e.fake.Dump(e.f))
+	d := e.fake.Dump(e.f)
+	if strings.Contains(d, "clusterip-lb-svc-1") {
+		t.Errorf("svc-1 not garbage-collected:\n%s", d)
+	}
+	if !strings.Contains(d, "chain clusterip-lb-svc-2\n") {
+		t.Errorf("spare svc-2 collected:\n%s", d)
 	}
 	e.check(to(fromPod(5), cip(e.f, 10, 80), tcp)(e.f), dnatTo(false, pod(e.f, 1, 8080), pod(e.f, 2, 8080), pod(e.f, 3, 8080)))
 }
 
-// TestNewCountAppends: a new endpoint count appends its rules (no chain rewrite),
-// with spares only while the endpoint map is small; a count next to a used one
-// is already there (a spare) and costs only element operations.
+// TestNewCountAppends: a new endpoint count creates its group chains and
+// verdict map elements and rewrites no chain, with spares only while the
+// endpoint map is small; a count next to a used one is already there (a spare)
+// and costs only element operations.
 func TestNewCountAppends(t *testing.T) {
 	for _, big := range []bool{false, true} {
 		n := 10
@@ -191,21 +197,23 @@ func TestNewCountAppends(t *testing.T) {
 		}
 		e.put(sp, eps[:5]...) // 9 -> 5: new
 		e.sync(false, name)
-		var kinds []string
+		var created []string
 		for _, op := range rec.last.Ops {
-			if op.Kind == nft.OpSetChain {
+			switch {
+			case op.Kind == nft.OpAppendRules || op.Kind == nft.OpSetChain && !strings.Contains(op.Chain.Name, "-lb-"):
 				t.Errorf("big=%v: chain %s rewritten:\n%s", big, op.Chain.Name, rec.last)
-			}
-			if op.Kind == nft.OpAddSet {
-				kinds = append(kinds, op.Set.Name)
+			case op.Kind == nft.OpSetChain:
+				created = append(created, op.Chain.Name)
+			case op.Kind == nft.OpAddSet:
+				t.Errorf("big=%v: set %s created", big, op.Set.Name)
 			}
 		}
-		want := []string{"np-4", "np-5", "np-6", "svc-4", "svc-5", "svc-6"}
+		want := []string{"clusterip-lb-svc-5", "nodeport-lb-np-5", "clusterip-lb-svc-4", "clusterip-lb-svc-6", "nodeport-lb-np-4", "nodeport-lb-np-6"}
 		if big {
-			want = []string{"np-5", "svc-5"}
+			want = want[:2]
 		}
-		if !slices.Equal(kinds, want) {
-			t.Errorf("big=%v: new sets %v, want %v", big, kinds, want)
+		if !slices.Equal(created, want) {
+			t.Errorf("big=%v: new chains %v, want %v", big, created, want)
 		}
 		e.check(to(fromPod(1), ap(sp.ClusterIP, 80), tcp)(e.f), dnatTo(false, addrPorts(eps[:5])...))
 		if res := e.sync(true); res.Repairs != 0 {
@@ -245,7 +253,7 @@ func TestDriftRepair(t *testing.T) {
 	}{
 		{"element", func(e *env, table string) *nft.Tx {
 			tx := nft.NewTx(e.f)
-			tx.DeleteElements(table, "svc-1", []nft.Element{{Key: []byte(vipKey(testaddr.Svc(e.f, 10), tcp, 80))}})
+			tx.DeleteElements(table, "svc-groups", []nft.Element{{Key: []byte(vipKey(testaddr.Svc(e.f, 10), tcp, 80))}})
 			return tx
 		}},
 		{"extra element", func(e *env, table string) *nft.Tx {
@@ -492,7 +500,7 @@ func TestSlotsKeptOnlyOutOfOrder(t *testing.T) {
 					t.Errorf("step %d %v: slots %v, want %v", i, st.eps, got, want)
 				}
 				e.check(to(fromPod(20), cip(f, 10, 80), tcp)(f), dnatTo(false, want...))
-				// A full sync may drop emptied dispatch sets, but repairs nothing; a
+				// A full sync may drop unused dispatch groups, but repairs nothing; a
 				// second one has nothing to do.
 				if res := e.sync(true); res.Repairs != 0 {
 					t.Errorf("step %d %v: full sync afterwards repaired %+v", i, st.eps, res)

@@ -2,8 +2,11 @@ package nftables
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
+
+	"github.com/google/nftables/expr"
 
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nft"
@@ -216,9 +219,9 @@ func (b *Backend) liveTable(ctx context.Context) (string, error) {
 }
 
 // verify compares the kernel with the cache and queues repairs into tx: the chains
-// (by their canonical text) and the elements of every set but @endpoints,
-// @nodeport-endpoints and the affinity maps. A missing table, chain or set, or a chain that
-// differs, asks for a rebuild: a rule may name a set that was deleted with it, and
+// (by their canonical text), the group verdict maps and the elements of every set
+// but @endpoints, @nodeport-endpoints and the affinity maps. A missing table,
+// chain or set, or a chain or verdict map that differs, asks for a rebuild: a rule may name a set that was deleted with it, and
 // the big sets can't be checked cheaply. Element differences are repaired in place.
 func (b *Backend) verify(ctx context.Context, tx *nft.Tx) (repairs int, rebuild bool, err error) {
 	chains, err := b.k.ListChains(ctx, b.f, b.table)
@@ -236,6 +239,13 @@ func (b *Backend) verify(ctx context.Context, tx *nft.Tx) (repairs int, rebuild 
 		if !chainsEqual(have[name], want) {
 			repairs++
 		}
+	}
+	for _, use := range useChains {
+		n, err := b.checkVmap(ctx, use)
+		if err != nil {
+			return 0, false, err
+		}
+		repairs += n
 	}
 	if repairs > 0 {
 		return repairs, true, nil
@@ -255,6 +265,26 @@ func (b *Backend) verify(ctx context.Context, tx *nft.Tx) (repairs int, rebuild 
 		repairs += n
 	}
 	return repairs, false, nil
+}
+
+// checkVmap counts the elements of use chain use's verdict map that differ from
+// the cache (a missing map counts one).
+func (b *Backend) checkVmap(ctx context.Context, use string) (int, error) {
+	got, err := b.k.ListElements(ctx, b.f, b.table, groupVmap(use))
+	if nft.IsNotFound(err) {
+		return 1, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("nftables %s: reading verdict map %s/%s: %w", b.f, b.table, groupVmap(use), err)
+	}
+	want := b.c.vmaps[use]
+	n := 0
+	for _, e := range got {
+		if len(e.Key) != 4 || e.Verdict == nil || e.Verdict.Kind != expr.VerdictGoto || want[binary.NativeEndian.Uint32(e.Key)] != e.Verdict.Chain {
+			n++
+		}
+	}
+	return n + max(0, len(want)-(len(got)-n)), nil
 }
 
 // repairSet queues the operations that make the kernel's set s match the cache and
