@@ -73,8 +73,8 @@ const latencyRounds = 10
 // default 200; service add/delete pairs are half as many) and
 // DSPROXY_BENCH_CONNECTS (connections per target, default 2000) select the work.
 // DSPROXY_BENCH_COUNT_SPREAD=K (1 … probePods−1) gives the other Services 1 … K
-// endpoints instead of 10: K distinct endpoint counts, all below the probe
-// Service's, so its first packets walk every other count's dispatch rule.
+// endpoints instead of 10: K distinct endpoint counts (dispatch groups), all below
+// the probe Service's (when each group was a rule, its first packets walked them).
 func TestKernelFigures(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")
