@@ -57,23 +57,43 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 }
 
 // BenchmarkColdStart measures the pure-Go cost of a rebuild (cache fill, element
-// lists, transaction building) with a kernel that accepts everything.
+// lists, transaction building) with a kernel that accepts everything: the usual
+// 10 endpoints per Service, and at 10k Services also 1 … 40 (40 dispatch groups
+// per kind, twice the endpoint elements).
 func BenchmarkColdStart(b *testing.B) {
+	run := func(b *testing.B, e *env) {
+		f := e.f
+		e.t = nil
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			e.b = New(f, &recorder{}, Options{})
+			if _, err := e.b.Sync(b.Context(), syncAll(e)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			f := family.IPv4
-			e, _ := bigEnv(b, f, n, nil)
-			e.t = nil
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				e.b = New(f, &recorder{}, Options{})
-				if _, err := e.b.Sync(b.Context(), syncAll(e)); err != nil {
-					b.Fatal(err)
-				}
-			}
+			e, _ := bigEnv(b, family.IPv4, n, nil)
+			run(b, e)
 		})
 	}
+	b.Run("services=10000/counts=1-40", func(b *testing.B) {
+		f := family.IPv4
+		e := newEnv(b, f)
+		for i := range 10000 {
+			sp := svc(f, fmt.Sprintf("s%d", i), 0, 80, tcp, nodePort(uint16(30000+i%2500)))
+			sp.ClusterIP = addrPlus(testaddr.Svc(f, 0), 256+i)
+			eps := make([]model.Endpoint, 1+i%40)
+			for j := range eps {
+				eps[j] = ep(f, 0, 8080, false)
+				eps[j].Addr = addrPlus(testaddr.Pod(f, 0), 256+i*64+j)
+			}
+			e.put(sp, eps...)
+		}
+		run(b, e)
+	})
 }
 
 // BenchmarkOneServiceAddDelete measures the pure-Go cost of the two syncs that add a
