@@ -261,6 +261,11 @@ func TestDriftRepair(t *testing.T) {
 			tx.AddElements(table, "no-endpoint-services", []nft.Element{{Key: []byte(vipKey(testaddr.Svc(e.f, 10), tcp, 80))}})
 			return tx
 		}},
+		{"flushed verdict map", func(e *env, table string) *nft.Tx {
+			tx := nft.NewTx(e.f)
+			tx.FlushSet(table, groupVmap(chainClusterIPLB))
+			return tx
+		}},
 		{"flushed chain", func(e *env, table string) *nft.Tx {
 			tx := nft.NewTx(e.f)
 			tx.SetChain(table, &nft.Chain{Name: chainClusterIPLB})

@@ -221,8 +221,9 @@ func (b *Backend) liveTable(ctx context.Context) (string, error) {
 // verify compares the kernel with the cache and queues repairs into tx: the chains
 // (by their canonical text), the group verdict maps and the elements of every set
 // but @endpoints, @nodeport-endpoints and the affinity maps. A missing table,
-// chain or set, or a chain or verdict map that differs, asks for a rebuild: a rule may name a set that was deleted with it, and
-// the big sets can't be checked cheaply. Element differences are repaired in place.
+// chain or set, or a chain or verdict map that differs, asks for a rebuild: a rule
+// may name a set that was deleted with it, and the big sets can't be checked
+// cheaply. Element differences are repaired in place.
 func (b *Backend) verify(ctx context.Context, tx *nft.Tx) (repairs int, rebuild bool, err error) {
 	chains, err := b.k.ListChains(ctx, b.f, b.table)
 	if nft.IsNotFound(err) {
