@@ -723,31 +723,36 @@ func (c *cache) chainOps(table string) []nft.Op {
 	}
 	vm := groupVmaps(in)
 	for _, use := range useChains {
-		old, cur := c.vmaps[use], vm[use]
-		var add, del []nft.Element
-		for _, id := range slices.Sorted(maps.Keys(cur)) {
-			if old[id] != cur[id] {
-				if _, ok := old[id]; ok {
-					del = append(del, nft.Element{Key: nft.MarkBytes(id)})
-				}
-				add = append(add, vmapElement(id, cur[id]))
-			}
-		}
-		for _, id := range slices.Sorted(maps.Keys(old)) {
-			if _, ok := cur[id]; !ok {
-				del = append(del, nft.Element{Key: nft.MarkBytes(id)})
-			}
-		}
+		add, del := vmapDiff(c.vmaps[use], vm[use])
 		if len(add) > 0 {
 			adds = append(adds, nft.Op{Kind: nft.OpAddElements, Table: table, SetName: groupVmap(use), Elements: add})
 		}
 		if len(del) > 0 {
 			dels = append(dels, nft.Op{Kind: nft.OpDeleteElements, Table: table, SetName: groupVmap(use), Elements: del})
 		}
-		c.vmaps[use] = cur
+		c.vmaps[use] = vm[use]
 	}
 	for _, g := range c.groups {
 		c.grp[g].written = true
 	}
 	return slices.Concat(dels, ops, adds, delChains)
+}
+
+// vmapDiff returns the verdict map elements to add and delete to go from old to
+// cur (group id → chain), in id order.
+func vmapDiff(old, cur map[uint32]string) (add, del []nft.Element) {
+	for _, id := range slices.Sorted(maps.Keys(cur)) {
+		if old[id] != cur[id] {
+			if _, ok := old[id]; ok {
+				del = append(del, nft.Element{Key: nft.MarkBytes(id)})
+			}
+			add = append(add, vmapElement(id, cur[id]))
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(old)) {
+		if _, ok := cur[id]; !ok {
+			del = append(del, nft.Element{Key: nft.MarkBytes(id)})
+		}
+	}
+	return add, del
 }
