@@ -128,9 +128,9 @@ func checkSpread(k int) error {
 func (l *load) real(i int) bool { return i%realEvery == 0 || l.sizes[i+1] }
 
 // count is Service i's number of endpoints per family: 10, or with a spread K
-// 1 + i%K, and K for the real ones, so that W1's and W4's targets are in a
-// proxy's last endpoint-count group (dsproxy walks one set lookup per smaller
-// count in use before a new connection's).
+// 1 + i%K, and K for the real ones, so that W1's and W4's targets hold the
+// largest of K endpoint counts (a proxy whose rules are per count and walked in
+// turn, as dsproxy's were before 2f54501, pays for every smaller one).
 func (l *load) count(i int) int {
 	if l.spread > 0 && l.real(i) {
 		return l.spread

@@ -221,20 +221,13 @@ func (x exprs) servicesRules(node *proxier.NodeConfig, shortPod, shortNode, exte
 func (x exprs) dispatchRule(k kind, use string, npCheck, npMatchAll bool) nft.Rule {
 	ki := kinds[k]
 	var e []expr.Any
-	kl := x.a + 2
-	if ki.nodePort {
-		kl = 2
-		if npCheck {
-			e = nodePortMatch(x, npMatchAll)
-		}
+	if ki.nodePort && npCheck {
+		e = nodePortMatch(x, npMatchAll)
 	}
+	load, kl := x.frontendKey(k)
 	saved, id, key := r8+kl, r8+kl+1, r8+kl+2
 	e = append(e, &expr.Meta{Key: expr.MetaKeyMARK, Register: saved})
-	if ki.nodePort {
-		e = append(e, npKey(r8)...)
-	} else {
-		e = append(e, x.vipKey(r8)...)
-	}
+	e = append(e, load(r8)...)
 	e = append(e,
 		lookupMap(fixedSetNames[kindMap(k)], r8, id),
 		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: id},
@@ -261,16 +254,7 @@ func (x exprs) groupRules(g group, masq bool) []nft.Rule {
 	if masq {
 		comment += " masquerade"
 	}
-	kl := x.a + 2 // key registers
-	key := func(reg uint32) []expr.Any {
-		if ki.nodePort {
-			return npKey(reg)
-		}
-		return x.vipKey(reg)
-	}
-	if ki.nodePort {
-		kl = 2
-	}
+	key, kl := x.frontendKey(g.kind)
 	eps := fixedSetNames[setEndpoints]
 	if ki.nodePort {
 		eps = fixedSetNames[setNodePortEndpoints]
@@ -291,6 +275,16 @@ func (x exprs) groupRules(g group, masq bool) []nft.Rule {
 		aff = fixedSetNames[setNodePortAffinity]
 	}
 	return x.affinityRules(g, affinityRegs{key: key, kl: kl, eps: eps, aff: aff, masq: masq}, comment)
+}
+
+// frontendKey returns what loads kind k's frontend key into a register (vip key
+// daddr . l4proto . dport, or the NodePort kinds' l4proto . dport) and how many
+// registers it takes.
+func (x exprs) frontendKey(k kind) (load func(reg uint32) []expr.Any, regs uint32) {
+	if kinds[k].nodePort {
+		return npKey, 2
+	}
+	return x.vipKey, x.a + 2
 }
 
 // affinityRegs describes one group's affinity rules.
