@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -14,13 +15,18 @@ import (
 // TestConnectTimes measures connects from two nodes' client pods, interleaved,
 // as W4 does, without a control plane or a proxy.
 func TestConnectTimes(t *testing.T) {
-	a, b := newBareNode(t), newBareNode(t)
+	a, b := newBareNode(t, 3), newBareNode(t, 1)
 	p0 := podAddrs(0)
+	var spread []netip.AddrPort
+	for k := range 3 {
+		spread = append(spread, netip.AddrPortFrom(podAddrs(k)[1], podPort))
+	}
 	targets := []nsTarget{
-		{a.client, netip.AddrPortFrom(p0[0], podPort)},
-		{b.client, netip.AddrPortFrom(p0[0], podPort)},
-		{a.client, netip.AddrPortFrom(p0[1], podPort)},
-		{b.client, netip.AddrPortFrom(p0[1], podPort)},
+		{ns: a.client, dst: netip.AddrPortFrom(p0[0], podPort)},
+		{ns: b.client, dst: netip.AddrPortFrom(p0[0], podPort)},
+		{ns: a.client, dst: netip.AddrPortFrom(p0[1], podPort)},
+		{ns: b.client, dst: netip.AddrPortFrom(p0[1], podPort)},
+		{ns: a.client, dst: spread[0], spread: spread},
 	}
 	// 120 rounds span three chunks of sockets, the last one short.
 	const n, warm = 120, 10
@@ -46,11 +52,17 @@ func TestConnectTimes(t *testing.T) {
 
 	// A refused connect is an error naming the target, not a sample.
 	closed := netip.AddrPortFrom(p0[1], podPort+1)
-	_, err = connectTimes([]nsTarget{targets[0], {b.client, closed}}, 3, 0)
+	_, err = connectTimes([]nsTarget{targets[0], {ns: b.client, dst: closed}}, 3, 0)
 	if !errors.Is(err, unix.ECONNREFUSED) {
 		t.Fatalf("connect to a closed port: err = %v, want ECONNREFUSED", err)
 	}
 	t.Logf("refused: %v", err)
+	// A spread target connects to its addresses in turn: the second round
+	// meets the closed port.
+	_, err = connectTimes([]nsTarget{{ns: a.client, dst: spread[0], spread: []netip.AddrPort{spread[0], closed}}}, 2, 0)
+	if !errors.Is(err, unix.ECONNREFUSED) || !strings.Contains(err.Error(), closed.String()) {
+		t.Fatalf("spread over an open and a closed port: err = %v, want ECONNREFUSED from %v", err, closed)
+	}
 	if fds := openFDs(t); fds > fds0 {
 		t.Errorf("%d file descriptors open after the connects, %d before", fds, fds0)
 	}

@@ -67,7 +67,7 @@ func TestConnectFloor(t *testing.T) {
 			}
 		}
 		nodes = append(nodes, c.Node)
-		targets = append(targets, nsTarget{client, netip.AddrPortFrom(p.IPv4, podPort)}, nsTarget{client, netip.AddrPortFrom(p.IPv6, podPort)})
+		targets = append(targets, nsTarget{ns: client, dst: netip.AddrPortFrom(p.IPv4, podPort)}, nsTarget{ns: client, dst: netip.AddrPortFrom(p.IPv6, podPort)})
 	}
 	times, err := connectTimes(targets, n, 100)
 	if err != nil {

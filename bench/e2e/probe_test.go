@@ -104,9 +104,21 @@ func reaches(pod string) func(string, error) bool {
 }
 
 // nsTarget is a connect target and the network namespace to connect from.
+// With spread, round r connects to spread[r%len(spread)] instead of dst, as a
+// Service's connects spread over its endpoints; spread's addresses are of
+// dst's family (the sockets are made for dst).
 type nsTarget struct {
-	ns  *netns.NS
-	dst netip.AddrPort
+	ns     *netns.NS
+	dst    netip.AddrPort
+	spread []netip.AddrPort
+}
+
+// at is the address round r connects to.
+func (tg nsTarget) at(r int) netip.AddrPort {
+	if len(tg.spread) == 0 {
+		return tg.dst
+	}
+	return tg.spread[r%len(tg.spread)]
 }
 
 // connectTimes measures blocking connect() (SYN → SYN-ACK) to each target from
@@ -147,19 +159,20 @@ func connectTimes(targets []nsTarget, n, warm int) ([][]time.Duration, error) {
 				for ti, tg := range targets {
 					fd := fds[ti][r]
 					fds[ti][r] = -1
-					d, err := connectSocket(fd, tg.dst)
+					dst := tg.at(first + r)
+					d, err := connectSocket(fd, dst)
 					// A signal (a child exiting, Go's preemption) can interrupt
 					// the blocking connect: drop that sample and connect again
 					// on a new socket, a bounded number of times.
 					for try := 0; errors.Is(err, unix.EINTR) && try < 5; try++ {
-						more, merr := makers[tg.ns].make(tg.dst, 1)
+						more, merr := makers[tg.ns].make(dst, 1)
 						if merr != nil {
-							return fmt.Errorf("socket for %v in %s: %w", tg.dst, tg.ns.Name, merr)
+							return fmt.Errorf("socket for %v in %s: %w", dst, tg.ns.Name, merr)
 						}
-						d, err = connectSocket(more[0], tg.dst)
+						d, err = connectSocket(more[0], dst)
 					}
 					if err != nil {
-						return fmt.Errorf("connect %v from %s: %w", tg.dst, tg.ns.Name, err)
+						return fmt.Errorf("connect %v from %s: %w", dst, tg.ns.Name, err)
 					}
 					if first+r >= warm {
 						out[ti] = append(out[ti], d)

@@ -347,7 +347,7 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 	var rows []Row
 
 	// W4 baseline: the same node before any proxy rule exists.
-	base, err := connectRows(nd, nil, n, nil, nil, Row{Proxy: "no proxy", Mode: "-", Services: n, CPU: -1, RSSMiB: -1, Status: "ok"})
+	base, err := connectRows(nd, nil, n, ld.count(ld.sample(n)[0]), nil, nil, Row{Proxy: "no proxy", Mode: "-", Services: n, CPU: -1, RSSMiB: -1, Status: "ok"})
 	if err != nil {
 		t.Fatalf("no-proxy baseline: %v", err)
 	}
@@ -427,7 +427,8 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 	// The W2 probe Service has one endpoint per family (a server pod): with
 	// the workload's 10 (or K) it shows what a proxy's dispatch costs between
 	// endpoint counts, measured side by side.
-	w4, err := connectRows(nd, newBareNode(t), n, targets, ld.probe[:], row(""))
+	pods := ld.count(probe)
+	w4, err := connectRows(nd, newBareNode(t, pods), n, pods, targets, ld.probe[:], row(""))
 	if err != nil {
 		t.Errorf("%s: W4: %v", spec, err)
 	}
@@ -675,8 +676,11 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 // the ClusterIPs, the one-endpoint Service's ClusterIPs oneEP (if any) and,
 // with bare, from bare's client pod direct to its pod p0 (rows "no proxy",
 // mode "beside <proxy>"), all interleaved: a no-proxy baseline measured under
-// the same load at the same time as the proxy.
-func connectRows(nd *node, bare *bareNode, n int, clusterIPs, oneEP []netip.Addr, r Row) ([]Row, error) {
+// the same load at the same time as the proxy. With pods > 1 (the ClusterIPs'
+// endpoints are pods p0 … p(pods-1)) every client also connects direct to
+// those pods in turn (rows "... spread"): the no-proxy counterpart of a
+// Service whose connects go to many pods, each a namespace of its own.
+func connectRows(nd *node, bare *bareNode, n, pods int, clusterIPs, oneEP []netip.Addr, r Row) ([]Row, error) {
 	type target struct {
 		row Row
 		nsTarget
@@ -685,25 +689,35 @@ func connectRows(nd *node, bare *bareNode, n int, clusterIPs, oneEP []netip.Addr
 		base.Workload, base.Services = workload, n
 		return base
 	}
-	var ts []target
-	for fi, f := range fams {
-		name := "W4 connect direct " + f.Name
-		if r.Proxy == "no proxy" {
-			name = "W4 connect no-proxy " + f.Name
+	direct := func(base Row, name string, client *netns.NS) []target {
+		var ts []target
+		for fi, f := range fams {
+			p0 := netip.AddrPortFrom(podAddrs(0)[fi], podPort)
+			ts = append(ts, target{named(base, name+" "+f.Name), nsTarget{ns: client, dst: p0}})
+			if pods > 1 {
+				tg := nsTarget{ns: client, dst: p0}
+				for k := range pods {
+					tg.spread = append(tg.spread, netip.AddrPortFrom(podAddrs(k)[fi], podPort))
+				}
+				ts = append(ts, target{named(base, name+" spread "+f.Name), tg})
+			}
 		}
-		ts = append(ts, target{named(r, name), nsTarget{nd.client, netip.AddrPortFrom(podAddrs(0)[fi], podPort)}})
+		return ts
 	}
+	name := "W4 connect direct"
+	if r.Proxy == "no proxy" {
+		name = "W4 connect no-proxy"
+	}
+	ts := direct(r, name, nd.client)
 	for fi, a := range clusterIPs {
-		ts = append(ts, target{named(r, "W4 connect ClusterIP "+fams[fi].Name), nsTarget{nd.client, netip.AddrPortFrom(a, svcPort)}})
+		ts = append(ts, target{named(r, "W4 connect ClusterIP "+fams[fi].Name), nsTarget{ns: nd.client, dst: netip.AddrPortFrom(a, svcPort)}})
 	}
 	for fi, a := range oneEP {
-		ts = append(ts, target{named(r, "W4 connect ClusterIP 1-endpoint "+fams[fi].Name), nsTarget{nd.client, netip.AddrPortFrom(a, svcPort)}})
+		ts = append(ts, target{named(r, "W4 connect ClusterIP 1-endpoint "+fams[fi].Name), nsTarget{ns: nd.client, dst: netip.AddrPortFrom(a, svcPort)}})
 	}
 	if bare != nil && clusterIPs != nil {
 		beside := Row{Proxy: "no proxy", Mode: "beside " + r.Proxy + "/" + r.Mode, CPU: -1, RSSMiB: -1, Status: "ok"}
-		for fi, f := range fams {
-			ts = append(ts, target{named(beside, "W4 connect no-proxy "+f.Name), nsTarget{bare.client, netip.AddrPortFrom(podAddrs(0)[fi], podPort)}})
-		}
+		ts = append(ts, direct(beside, "W4 connect no-proxy", bare.client)...)
 	}
 	nts := make([]nsTarget, len(ts))
 	for i := range ts {
@@ -724,20 +738,23 @@ func connectRows(nd *node, bare *bareNode, n int, clusterIPs, oneEP []netip.Addr
 }
 
 // bareNode is a node without a proxy, the control plane or a Node object: a
-// client pod and pod p0 (serving), for W4's no-proxy baseline beside a proxy.
+// client pod and pods p0 … p(pods-1) (serving), for W4's no-proxy baseline
+// beside a proxy.
 type bareNode struct {
 	client *netns.NS
 }
 
-func newBareNode(t *testing.T) *bareNode {
+func newBareNode(t *testing.T, pods int) *bareNode {
 	t.Helper()
 	c := netns.New(t)
 	b := &bareNode{client: c.AddPod("client")}
-	p := c.AddPod("p0")
-	if a := podAddrs(0); p.IPv4 != a[0] || p.IPv6 != a[1] {
-		t.Fatalf("bare node: pod p0 has %v %v, want %v", p.IPv4, p.IPv6, a)
+	for k := range pods {
+		p := c.AddPod(fmt.Sprintf("p%d", k))
+		if a := podAddrs(k); p.IPv4 != a[0] || p.IPv6 != a[1] {
+			t.Fatalf("bare node: pod p%d has %v %v, want %v", k, p.IPv4, p.IPv6, a)
+		}
+		p.Serve(netns.TCP, podPort)
 	}
-	p.Serve(netns.TCP, podPort)
 	return b
 }
 
