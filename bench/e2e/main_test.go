@@ -182,7 +182,7 @@ func TestBenchE2E(t *testing.T) {
 	}
 	rep.finish()
 	t.Logf("load average at the end: %s", loadavg())
-	fmt.Print("\n" + rep.table(rep.Rows))
+	fmt.Print("\n" + rep.table(rep.Rows) + "\n" + targetTable(rep.Targets))
 	if err := rep.write(*flagOut); err != nil {
 		t.Error(err)
 	}

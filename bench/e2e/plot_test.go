@@ -24,7 +24,10 @@ func TestPlotLines(t *testing.T) {
 		row("dsproxy", "nftables", "W4 connect ClusterIP IPv6", 10000, 34e-6, "ok"),
 		row("dsproxy", "nftables", "W4 connect direct IPv4", 10000, 24e-6, "ok"),
 		row("no proxy", "beside dsproxy/nftables", "W4 connect no-proxy IPv4", 10000, 19e-6, "ok"),
+		row("no proxy", "beside dsproxy/nftables", "W4 connect no-proxy spread IPv4", 10000, 22e-6, "ok"),
 		row("no proxy", "beside dsproxy/nftables", "W4 connect no-proxy IPv6", 10000, 24e-6, "ok"),
+		// A run from before the spread rows, merged: its p0 row is drawn apart.
+		row("no proxy", "beside dsproxy/nftables", "W4 connect no-proxy IPv4", 1000, 18e-6, "ok (run of yesterday)"),
 		row("no proxy", "beside kube-proxy/nftables", "W4 connect no-proxy IPv4", 10000, 21e-6, "ok"),
 		row("kube-proxy", "nftables", "W1 cold start", 10000, 49.5, "ok"),
 		{Proxy: "kube-proxy", Mode: "nftables", Workload: "W1 cold start", Services: 30000, Status: "not finished after 6m0s"},
@@ -32,8 +35,8 @@ func TestPlotLines(t *testing.T) {
 		{Proxy: "kube-proxy", Mode: "iptables", Workload: "W1 cold start", Services: 30000, Status: "not finished after soon"},
 	}
 	lines, sizes := plotLines(rows)
-	if !slices.Equal(sizes, []int{10000, 30000}) {
-		t.Errorf("sizes %v, want [10000 30000]", sizes)
+	if !slices.Equal(sizes, []int{1000, 10000, 30000}) {
+		t.Errorf("sizes %v, want [1000 10000 30000]", sizes)
 	}
 	got := map[string]plotLine{}
 	for _, l := range lines {
@@ -42,7 +45,8 @@ func TestPlotLines(t *testing.T) {
 	want := map[string]struct{ points, atLeast plotter.XYs }{
 		"dsproxy/nftables W1 cold start":             {points: plotter.XYs{{X: 10000, Y: 1.3}, {X: 30000, Y: 3.9}}},
 		"dsproxy/nftables W4 connect ClusterIP IPv4": {points: plotter.XYs{{X: 10000, Y: 27e-6}}},
-		baselineName + " W4 connect IPv4":            {points: plotter.XYs{{X: 10000, Y: 19e-6}}},
+		baselineName + " W4 connect IPv4":            {points: plotter.XYs{{X: 10000, Y: 22e-6}}},
+		baselineP0Name + " W4 connect IPv4":          {points: plotter.XYs{{X: 1000, Y: 18e-6}}},
 		"kube-proxy/nftables W1 cold start":          {points: plotter.XYs{{X: 10000, Y: 49.5}}, atLeast: plotter.XYs{{X: 30000, Y: 360}}},
 	}
 	if len(got) != len(want) {

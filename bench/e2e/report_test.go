@@ -97,6 +97,9 @@ type report struct {
 	// CountSpread is -count-spread (0: every Service has 10 endpoints per family).
 	CountSpread int   `json:"count_spread,omitempty"`
 	Rows        []Row `json:"rows"`
+	// Targets are issue 5's targets checked against this run's dsproxy rows
+	// (set by finish).
+	Targets []Target `json:"targets,omitempty"`
 
 	mu sync.Mutex
 }
@@ -158,8 +161,9 @@ func (rep *report) merge(path string) error {
 	return nil
 }
 
-// finish computes the dsproxy/kube-proxy ratios.
+// finish computes the dsproxy/kube-proxy ratios and checks the targets.
 func (rep *report) finish() {
+	defer func() { rep.Targets = rep.targets() }()
 	ds := map[string]Row{}
 	key := func(r Row) string { return fmt.Sprintf("%s|%d", r.Workload, r.Services) }
 	for _, r := range rep.Rows {
@@ -281,7 +285,7 @@ func (rep *report) write(dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(j, '\n'), 0o644); err != nil {
 		return err
 	}
-	txt := fmt.Sprintf("%s\n%s\n%s\n\n%s", rep.Date, rep.Machine, rep.Flags, rep.table(rep.Rows))
+	txt := fmt.Sprintf("%s\n%s\n%s\n\n%s\n%s", rep.Date, rep.Machine, rep.Flags, rep.table(rep.Rows), targetTable(rep.Targets))
 	if err := os.WriteFile(filepath.Join(dir, "results.txt"), []byte(txt), 0o644); err != nil {
 		return err
 	}
@@ -303,8 +307,14 @@ type plotLine struct {
 	atLeast         plotter.XYs // unfinished: (size, cap)
 }
 
-// baselineName is the plot's name for W4's no-proxy connects beside dsproxy.
-const baselineName = "no proxy (beside dsproxy)"
+// baselineName and baselineP0Name are the plot's names for W4's no-proxy
+// connects beside dsproxy: spread over the pods the ClusterIP balances to (the
+// baseline), and to pod p0 only, drawn at sizes whose run had no spread rows
+// (results from before 2026-11-27 merged in).
+const (
+	baselineName   = "no proxy, same pods (beside dsproxy)"
+	baselineP0Name = "no proxy, pod p0 (beside dsproxy)"
+)
 
 // plotLines picks the rows the plot shows: W1, W2, W3 and W4 ClusterIP IPv4
 // per proxy, the no-proxy IPv4 connects measured beside dsproxy as W4's
@@ -314,6 +324,13 @@ func plotLines(rows []Row) ([]plotLine, []int) {
 	type key struct{ proxy, workload string }
 	byKey := map[key]*plotLine{}
 	var sizes []int
+	const besideDS = "beside dsproxy/nftables"
+	var spreadAt []int // sizes with a no-proxy spread row beside dsproxy
+	for _, r := range rows {
+		if r.Proxy == "no proxy" && r.Mode == besideDS && r.Workload == "W4 connect no-proxy spread IPv4" {
+			spreadAt = append(spreadAt, r.Services)
+		}
+	}
 	add := func(k key, xy plotter.XY, lower bool) {
 		l := byKey[k]
 		if l == nil {
@@ -332,8 +349,10 @@ func plotLines(rows []Row) ([]plotLine, []int) {
 	for _, r := range rows {
 		k := key{r.Proxy + "/" + r.Mode, r.Workload}
 		switch {
-		case r.Proxy == "no proxy" && r.Mode == "beside dsproxy/nftables" && r.Workload == "W4 connect no-proxy IPv4":
+		case r.Proxy == "no proxy" && r.Mode == besideDS && r.Workload == "W4 connect no-proxy spread IPv4":
 			k = key{baselineName, "W4 connect IPv4"}
+		case r.Proxy == "no proxy" && r.Mode == besideDS && r.Workload == "W4 connect no-proxy IPv4" && !slices.Contains(spreadAt, r.Services):
+			k = key{baselineP0Name, "W4 connect IPv4"}
 		case r.Proxy == "no proxy":
 			continue
 		case !slices.Contains([]string{"W1 cold start", "W2 endpoint change", "W3 service add", "W3 service delete", "W4 connect ClusterIP IPv4"}, r.Workload):
@@ -397,6 +416,7 @@ func (rep *report) plot(path string) error {
 		"kube-proxy/iptables":        color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 		"kube-proxy/iptables-legacy": color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 		baselineName:                 color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
+		baselineP0Name:               color.RGBA{R: 0xbf, G: 0xbf, B: 0xbf, A: 0xff},
 	}
 	workloadShape := map[string]int{"W1 cold start": 0, "W2 endpoint change": 1, "W3 service add": 2, "W3 service delete": 3, "W4 connect ClusterIP IPv4": 4, "W4 connect IPv4": 4}
 	for _, ln := range lines {
