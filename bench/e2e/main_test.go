@@ -52,6 +52,7 @@ var (
 	flagEtcd      = flag.String("etcd", "kubernetes", "etcd of the control plane: \"kubernetes\" (the version Kubernetes v1.36 requires, built by hack/controlplane/build-etcd.sh; informers stream their initial list as in real clusters) or \"debian\" (etcd-server from PATH, 3.4: no streaming lists, informers LIST)")
 	flagBin       = flag.String("dsproxy-bin", "", "prebuilt dsproxy binary (default: go build ./cmd/dsproxy)")
 	flagSpread    = flag.Int("count-spread", 0, "endpoints per family: 0 gives every Service 10; K (2 … 64) gives Service i 1+i%K and the real ones (W1's and W4's targets) K, so that W4's ClusterIP is in the last of K endpoint-count groups (needs K server pods per node)")
+	flagRender    = flag.String("render", "", "TestRender: an earlier results.json to write again with this version's report (ratios, targets, plot) into -out, measuring nothing")
 	flagSettle    = flag.Duration("settle", 90*time.Second, "before the no-proxy baseline and before W2: wait up to this long for the machine to go quiet (0: do not wait)")
 )
 
@@ -185,6 +186,26 @@ func TestBenchE2E(t *testing.T) {
 	fmt.Print("\n" + rep.table(rep.Rows) + "\n" + targetTable(rep.Targets))
 	if err := rep.write(*flagOut); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestRender writes an earlier run's results.json again, with the ratios, the
+// targets and the plot of this version of the report, into -out; it measures
+// nothing and needs no root:
+//
+//	go test -tags e2e,netns -run TestRender ./bench/e2e/ -args -render=out/results.json -out=/tmp/r
+func TestRender(t *testing.T) {
+	if *flagRender == "" {
+		t.Skip("no -render")
+	}
+	rep, err := readReport(*flagRender)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.finish()
+	fmt.Print("\n" + rep.table(rep.Rows) + "\n" + targetTable(rep.Targets))
+	if err := rep.write(*flagOut); err != nil {
+		t.Fatal(err)
 	}
 }
 

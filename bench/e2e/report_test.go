@@ -135,13 +135,9 @@ func (rep *report) add(rows ...Row) {
 // merge adds the rows of an earlier results.json for sizes this run did not
 // measure, so the plot can span runs; their status names the source.
 func (rep *report) merge(path string) error {
-	b, err := os.ReadFile(path)
+	old, err := readReport(path)
 	if err != nil {
 		return err
-	}
-	var old report
-	if err := json.Unmarshal(b, &old); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
 	}
 	if old.CountSpread != rep.CountSpread {
 		return fmt.Errorf("%s: measured with -count-spread=%d, this run with %d: not comparable", path, old.CountSpread, rep.CountSpread)
@@ -159,6 +155,19 @@ func (rep *report) merge(path string) error {
 	}
 	rep.Rows = append(rows, rep.Rows...)
 	return nil
+}
+
+// readReport reads a results.json.
+func readReport(path string) (*report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &rep, nil
 }
 
 // finish computes the dsproxy/kube-proxy ratios and checks the targets.
@@ -186,8 +195,8 @@ func (rep *report) finish() {
 		}
 		if r.ok() {
 			r.RatioP50, r.RatioP99 = ratio(d.P50, r.P50), ratio(d.P99, r.P99)
-		} else if strings.HasPrefix(r.Status, "not finished") && r.Workload == "W1 cold start" {
-			r.RatioP50 = ratio(d.P50, flagTimeout.Seconds())
+		} else if limit, ok := unfinishedAfter(*r); ok && r.Workload == "W1 cold start" {
+			r.RatioP50 = ratio(d.P50, limit.Seconds())
 			r.RatioP99 = r.RatioP50
 		}
 		r.RatioCPU, r.RatioRSS = ratio(d.CPU, r.CPU), ratio(d.RSSMiB, r.RSSMiB)
@@ -251,9 +260,12 @@ func (rep *report) table(rows []Row) string {
 		unfinished := strings.Contains(r.Status, "not finished")
 		if unfinished && r.Samples == 0 {
 			// W1's cap is -workload-timeout; W2/W3 stop at a change over -change-timeout.
-			limit := *flagTimeout
-			if r.Workload != "W1 cold start" {
-				limit = *flagChangeTO
+			limit, ok := unfinishedAfter(r)
+			if !ok {
+				limit = *flagTimeout
+				if r.Workload != "W1 cold start" {
+					limit = *flagChangeTO
+				}
 			}
 			p50, p99 = "> "+limit.String(), "> "+limit.String()
 		}
@@ -377,9 +389,15 @@ func plotLines(rows []Row) ([]plotLine, []int) {
 	return out, sizes
 }
 
-// unfinishedAfter returns the cap of a row that says "not finished after T".
+// unfinishedAfter returns the cap of a row that says "not finished after T"
+// (W1) or "not finished: a change took > T (…" (W2, W3).
 func unfinishedAfter(r Row) (time.Duration, bool) {
 	v, ok := strings.CutPrefix(r.Status, "not finished after ")
+	if !ok {
+		if v, ok = strings.CutPrefix(r.Status, "not finished: a change took > "); ok {
+			v, _, _ = strings.Cut(v, " ")
+		}
+	}
 	if !ok {
 		return 0, false
 	}

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -230,5 +231,43 @@ func TestTargets(t *testing.T) {
 		if f := strings.Fields(l); strings.HasPrefix(l, "W1 cold start ≤ 5 s ") && (len(f) < 8 || f[6] != "30000" || f[7] != "-" || !strings.HasSuffix(l, "  not measured: not finished after 6m0s")) {
 			t.Errorf("target table line %q", l)
 		}
+	}
+}
+
+// TestRenderAgain: a results.json read back (as -render does) gives the same
+// rows, and its ratios, table caps and targets come from the rows, not from
+// this process's flags.
+func TestRenderAgain(t *testing.T) {
+	rep := newReport([]int{30000}, 0)
+	rep.Rows = []Row{
+		{Proxy: "dsproxy", Mode: "nftables", Workload: "W1 cold start", Services: 30000, Samples: 1, P50: 4.5, P99: 4.5, CPU: 6, RSSMiB: 300, Status: "ok"},
+		{Proxy: "kube-proxy", Mode: "nftables", Workload: "W1 cold start", Services: 30000, CPU: 100, RSSMiB: 900, Status: "not finished after 6m0s"},
+		{Proxy: "kube-proxy", Mode: "iptables", Workload: "W2 endpoint change", Services: 30000, Status: "not finished: a change took > 3m0s (0 of 50 samples done)"},
+	}
+	dir := t.TempDir()
+	if err := rep.write(dir); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readReport(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Rows) != len(rep.Rows) || got.Rows[0].P50 != 4.5 || got.Sizes[0] != 30000 {
+		t.Fatalf("read back %+v", got)
+	}
+	got.finish()
+	if r := got.Rows[1].RatioP50; r == nil || *r != 4.5/360 {
+		t.Errorf("kube-proxy W1 ratio %v, want 4.5 s over the row's 6m0s cap", r)
+	}
+	tab := got.table(got.Rows)
+	// p50 and p99 show the cap (and W2's status names it once more).
+	if strings.Count(tab, "> 3m0s") != 3 || strings.Count(tab, "> 6m0s") != 2 {
+		t.Errorf("table does not show the rows' caps:\n%s", tab)
+	}
+	if len(got.Targets) == 0 || got.Targets[0].Target != "W1 cold start ≤ 5 s" || got.Targets[0].Status != "met" {
+		t.Errorf("targets %+v", got.Targets)
+	}
+	if _, ok := unfinishedAfter(Row{Status: "not finished: a change took > soon"}); ok {
+		t.Error("a cap that is no duration parsed")
 	}
 }
