@@ -329,8 +329,8 @@ const (
 )
 
 // plotLines picks the rows the plot shows: W1, W2, W3 and W4 ClusterIP IPv4
-// per proxy, the no-proxy IPv4 connects measured beside dsproxy as W4's
-// baseline, and W1 rows that did not finish as lower bounds. It returns the
+// per proxy, the no-proxy IPv4 connects measured beside dsproxy (spread over
+// the same pods, or to p0 where no spread row exists) as W4's baseline, and W1 rows that did not finish as lower bounds. It returns the
 // lines in legend order and the sizes they cover, ascending.
 func plotLines(rows []Row) ([]plotLine, []int) {
 	type key struct{ proxy, workload string }
