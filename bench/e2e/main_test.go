@@ -46,7 +46,7 @@ var (
 	flagGap       = flag.Duration("gap", 1100*time.Millisecond, "W2/W3: pause after each observed change (kube-proxy's minSyncPeriod is 1s)")
 	flagWorkers   = flag.Int("workers", 32, "load generator: concurrent API writers")
 	flagOut       = flag.String("out", "out", "directory for results.json, results.txt and results.png")
-	flagMerge     = flag.String("merge", "", "results.json of an earlier run: its rows for sizes not measured now are added to the table, JSON and plot (marked in the status)")
+	flagMerge     = flag.String("merge", "", "results.json of earlier runs, comma-separated: their rows for sizes not measured now (nor merged from an earlier path) are added to the table, JSON and plot (marked in the status)")
 	flagDSArgs    = flag.String("dsproxy-args", "", "extra dsproxy arguments, space-separated (e.g. \"-v=2\" to log every sync)")
 	flagProfiles  = flag.String("profiles", "", "directory for a heap profile of dsproxy once programmed (W1), per size; runs dsproxy with --profiling")
 	flagEtcd      = flag.String("etcd", "kubernetes", "etcd of the control plane: \"kubernetes\" (the version Kubernetes v1.36 requires, built by hack/controlplane/build-etcd.sh; informers stream their initial list as in real clusters) or \"debian\" (etcd-server from PATH, 3.4: no streaming lists, informers LIST)")
@@ -176,10 +176,8 @@ func TestBenchE2E(t *testing.T) {
 			})
 		}
 	}
-	if *flagMerge != "" {
-		if err := rep.merge(*flagMerge); err != nil {
-			t.Error(err)
-		}
+	if err := rep.mergeAll(*flagMerge); err != nil {
+		t.Error(err)
 	}
 	rep.finish()
 	t.Logf("load average at the end: %s", loadavg())
@@ -189,9 +187,9 @@ func TestBenchE2E(t *testing.T) {
 	}
 }
 
-// TestRender writes an earlier run's results.json again, with the ratios, the
-// targets and the plot of this version of the report, into -out; it measures
-// nothing and needs no root:
+// TestRender writes an earlier run's results.json again (with -merge, joined by
+// the other sizes of more runs), with the ratios, the targets and the plot of
+// this version of the report, into -out; it measures nothing and needs no root:
 //
 //	go test -tags e2e,netns -run TestRender ./bench/e2e/ -args -render=out/results.json -out=/tmp/r
 func TestRender(t *testing.T) {
@@ -200,6 +198,9 @@ func TestRender(t *testing.T) {
 	}
 	rep, err := readReport(*flagRender)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.mergeAll(*flagMerge); err != nil {
 		t.Fatal(err)
 	}
 	rep.finish()

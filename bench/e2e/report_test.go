@@ -132,8 +132,8 @@ func (rep *report) add(rows ...Row) {
 	rep.Rows = append(rep.Rows, rows...)
 }
 
-// merge adds the rows of an earlier results.json for sizes this run did not
-// measure, so the plot can span runs; their status names the source.
+// merge adds the rows of an earlier results.json for sizes the report has no
+// rows of yet, so the plot can span runs; their status names the source.
 func (rep *report) merge(path string) error {
 	old, err := readReport(path)
 	if err != nil {
@@ -142,9 +142,16 @@ func (rep *report) merge(path string) error {
 	if old.CountSpread != rep.CountSpread {
 		return fmt.Errorf("%s: measured with -count-spread=%d, this run with %d: not comparable", path, old.CountSpread, rep.CountSpread)
 	}
+	have := map[int]bool{}
+	for _, n := range rep.Sizes {
+		have[n] = true
+	}
+	for _, r := range rep.Rows {
+		have[r.Services] = true
+	}
 	var rows []Row
 	for _, r := range old.Rows {
-		if slices.Contains(rep.Sizes, r.Services) {
+		if have[r.Services] {
 			continue
 		}
 		r.RatioP50, r.RatioP99, r.RatioCPU, r.RatioRSS = nil, nil, nil, nil
@@ -154,6 +161,20 @@ func (rep *report) merge(path string) error {
 		rows = append(rows, r)
 	}
 	rep.Rows = append(rows, rep.Rows...)
+	return nil
+}
+
+// mergeAll merges each of a comma-separated list of results.json paths in turn
+// (none for "").
+func (rep *report) mergeAll(paths string) error {
+	if paths == "" {
+		return nil
+	}
+	for _, p := range strings.Split(paths, ",") {
+		if err := rep.merge(p); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

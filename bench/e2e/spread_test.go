@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -88,5 +89,32 @@ func TestMergeCountSpread(t *testing.T) {
 	}
 	if len(other.Rows) != 0 {
 		t.Errorf("merge across spreads added %d rows", len(other.Rows))
+	}
+
+	// Two runs merged in turn: the second adds only sizes the first did not.
+	second := newReport([]int{1000, 3000}, 0)
+	second.Rows = []Row{
+		{Proxy: "dsproxy", Mode: "nftables", Workload: "W1 cold start", Services: 1000, Samples: 1, P50: 2, Status: "ok"},
+		{Proxy: "dsproxy", Mode: "nftables", Workload: "W1 cold start", Services: 3000, Samples: 1, P50: 3, Status: "ok"},
+	}
+	b, err = json.Marshal(second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path2 := filepath.Join(dir, "second.json")
+	if err := os.WriteFile(path2, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	both := newReport([]int{10000}, 0)
+	if err := both.mergeAll(path + "," + path2); err != nil {
+		t.Fatal(err)
+	}
+	var got []float64
+	for _, r := range both.Rows {
+		got = append(got, r.P50)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []float64{1, 3}) {
+		t.Errorf("merged W1 p50s %v, want [1 3] (1k from the first run, 3k from the second)", got)
 	}
 }
