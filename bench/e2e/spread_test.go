@@ -70,20 +70,13 @@ func TestMergeCountSpread(t *testing.T) {
 	dir := t.TempDir()
 	old := newReport([]int{1000}, 0)
 	old.Rows = []Row{{Proxy: "dsproxy", Mode: "nftables", Workload: "W1 cold start", Services: 1000, Samples: 1, P50: 1, Status: "ok"}}
-	b, err := json.Marshal(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "results.json")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	path := writeReport(t, filepath.Join(dir, "results.json"), old)
 	same := newReport([]int{10000}, 0)
 	if err := same.merge(path); err != nil || len(same.Rows) != 1 {
 		t.Fatalf("merge of the same spread: %v, %d rows, want 1", err, len(same.Rows))
 	}
 	other := newReport([]int{10000}, 40)
-	err = other.merge(path)
+	err := other.merge(path)
 	if err == nil || !strings.Contains(err.Error(), "count-spread") {
 		t.Fatalf("merge across spreads: %v, want an error naming -count-spread", err)
 	}
@@ -97,14 +90,7 @@ func TestMergeCountSpread(t *testing.T) {
 		{Proxy: "dsproxy", Mode: "nftables", Workload: "W1 cold start", Services: 1000, Samples: 1, P50: 2, Status: "ok"},
 		{Proxy: "dsproxy", Mode: "nftables", Workload: "W1 cold start", Services: 3000, Samples: 1, P50: 3, Status: "ok"},
 	}
-	b, err = json.Marshal(second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path2 := filepath.Join(dir, "second.json")
-	if err := os.WriteFile(path2, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	path2 := writeReport(t, filepath.Join(dir, "second.json"), second)
 	both := newReport([]int{10000}, 0)
 	if err := both.mergeAll(path + "," + path2); err != nil {
 		t.Fatal(err)
@@ -117,4 +103,17 @@ func TestMergeCountSpread(t *testing.T) {
 	if !slices.Equal(got, []float64{1, 3}) {
 		t.Errorf("merged W1 p50s %v, want [1 3] (1k from the first run, 3k from the second)", got)
 	}
+}
+
+// writeReport stores rep as a results.json at path and returns path.
+func writeReport(t *testing.T, path string, rep *report) string {
+	t.Helper()
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -12,12 +12,12 @@ import (
 )
 
 // Target is one of issue 5's targets for dsproxy (nftables) at one size,
-// checked against this run's rows.
+// checked against a report's rows.
 type Target struct {
 	Target   string `json:"target"`
 	Services int    `json:"services"`
 	// Value is the measured figure (with the part that is dsproxy's own where
-	// the row has it); empty when the run did not measure it.
+	// the row has it); empty when the report has no finished row for it.
 	Value string `json:"value"`
 	// Status is "met", "not met" or "not measured: …".
 	Status string `json:"status"`
@@ -28,11 +28,12 @@ type Target struct {
 var targetSizes = []int{10000, 30000}
 
 // targets checks the issue's targets against the report's dsproxy rows (a
-// value from rows merged from another run names that run): W1 ≤ 2 s at 10k and ≤ 5 s at 30k; W2, W3 add and W3 delete p99
-// ≤ 10 ms at 10k and 30k (end to end: API call → kernel); peak RSS ≤ 150 MB
-// at 10k; W4's ClusterIP p50 within 10 µs of no proxy, per family, where no
-// proxy is the connects beside dsproxy spread over the same pods the ClusterIP
-// balances to (the p0-only baseline when the run has no spread rows).
+// value from rows merged from another run names that run): W1 ≤ 2 s at 10k
+// and ≤ 5 s at 30k; W2, W3 add and W3 delete p99 ≤ 10 ms at 10k and 30k (end
+// to end: API call → kernel); peak RSS ≤ 150 MB at 10k; W4's ClusterIP p50
+// within 10 µs of no proxy, per family, where no proxy is the connects beside
+// dsproxy spread over the same pods the ClusterIP balances to (the p0-only
+// baseline when the run has no spread rows).
 func (rep *report) targets() []Target {
 	ds := map[string]Row{}
 	key := func(proxy, mode, workload string, n int) string {
