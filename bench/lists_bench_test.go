@@ -1,0 +1,119 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/dsproxy/dsproxy/internal/liststream"
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/kubeclient"
+	"github.com/dsproxy/dsproxy/pkg/watch"
+)
+
+// encodeLists encodes w's Services and EndpointSlices as the API server streams
+// the informers' initial lists.
+func encodeLists(tb testing.TB, w Workload) *liststream.Streams {
+	tb.Helper()
+	var svcs, slices []runtime.Object
+	for i := range w.Services {
+		s := w.Service(i)
+		s.ResourceVersion = "1"
+		svcs = append(svcs, s)
+		for _, f := range family.All {
+			es := w.Slice(f, i, w.EndpointCount(i))
+			es.ResourceVersion = "1"
+			slices = append(slices, es)
+		}
+	}
+	ls, err := liststream.Encode(map[string][]runtime.Object{liststream.ServicesPath: svcs, liststream.EndpointSlicesPath: slices})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ls
+}
+
+// countingHandler counts what the informers deliver and drops it: the benchmark
+// measures the API client and the informers, not the proxiers' trackers (the
+// "feed" of TestKernelFigures).
+type countingHandler struct{ svcs, slices, endpoints atomic.Int64 }
+
+func (h *countingHandler) OnServiceAdd(*v1.Service)         { h.svcs.Add(1) }
+func (h *countingHandler) OnServiceUpdate(_, _ *v1.Service) {}
+func (h *countingHandler) OnServiceDelete(*v1.Service)      {}
+func (h *countingHandler) OnEndpointSliceAdd(o *endpointslice.Object) {
+	h.slices.Add(1)
+	if o.Slice != nil {
+		h.endpoints.Add(int64(len(o.Slice.Endpoints)))
+	}
+}
+func (h *countingHandler) OnEndpointSliceUpdate(_, _ *endpointslice.Object)   {}
+func (h *countingHandler) OnEndpointSliceDelete(*endpointslice.Object)        {}
+func (h *countingHandler) OnNodeAdd(*v1.Node)                                 {}
+func (h *countingHandler) OnNodeUpdate(_, _ *v1.Node)                         {}
+func (h *countingHandler) OnNodeDelete(*v1.Node)                              {}
+func (h *countingHandler) OnServiceCIDRAdd(*networkingv1.ServiceCIDR)         {}
+func (h *countingHandler) OnServiceCIDRUpdate(_, _ *networkingv1.ServiceCIDR) {}
+func (h *countingHandler) OnServiceCIDRDelete(*networkingv1.ServiceCIDR)      {}
+
+// BenchmarkInitialLists measures W1's first part in process: dsproxy's API client
+// and informers receiving the initial lists of n dual-stack Services and their 2n
+// EndpointSlices (10 endpoints each) as a v1.36 API server streams them, over TLS
+// and HTTP/2 in protobuf, until watch.Start returns (every handler has had every
+// object). The server only writes bytes encoded beforehand; its TLS and HTTP/2
+// framing are in the same process and in cpu-ms/op. One op is one proxy start.
+func BenchmarkInitialLists(b *testing.B) {
+	for _, n := range sizes {
+		w := Workload{Services: n, EndpointsPerFamily: 10, NodePortEvery: 4, NodeName: "node-0"}
+		ls := encodeLists(b, w)
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			ts, rc := liststream.StartTLS(ls)
+			defer ts.Close()
+			b.ReportAllocs()
+			var cpu time.Duration
+			for b.Loop() {
+				client, err := kubeclient.New(rc)
+				if err != nil {
+					b.Fatal(err)
+				}
+				h := &countingHandler{}
+				ctx, cancel := context.WithCancel(context.Background())
+				cpu0 := processCPUTime()
+				err = watch.Start(ctx, client, h, watch.Options{})
+				cpu += processCPUTime() - cpu0
+				cancel()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if got := h.svcs.Load(); got != int64(n) {
+					b.Fatalf("%d Services delivered, want %d", got, n)
+				}
+				if got, want := h.endpoints.Load(), int64(2*n*w.EndpointsPerFamily); h.slices.Load() != int64(2*n) || got != want {
+					b.Fatalf("%d EndpointSlices with %d endpoints delivered, want %d with %d", h.slices.Load(), got, 2*n, want)
+				}
+			}
+			if u := ls.Unexpected.Load(); u > 0 {
+				b.Fatalf("%d requests were not streaming lists", u)
+			}
+			b.ReportMetric(float64(cpu.Microseconds())/1e3/float64(b.N), "cpu-ms/op")
+			b.ReportMetric(float64(ls.Bytes())/float64(3*n), "B/object")
+		})
+	}
+}
+
+// processCPUTime is this process's user and system CPU time so far.
+func processCPUTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
