@@ -36,6 +36,7 @@ import (
 var (
 	flagServices  = flag.String("services", "1000", "comma-separated numbers of dual-stack Services (ascending; the load grows between sizes)")
 	flagProxies   = flag.String("proxies", "dsproxy,kube-proxy/nftables,kube-proxy/iptables,kube-proxy/iptables-legacy", "comma-separated proxies to measure: dsproxy, kube-proxy/nftables, kube-proxy/iptables (iptables-nft, the iptables on PATH), kube-proxy/iptables-legacy (iptables mode with the iptables-legacy binaries)")
+	flagW1Starts  = flag.Int("w1-starts", 1, "W1: cold starts per proxy and size, each after the proxy's --cleanup removed the previous start's rules; the row gives their p50 and max (CPU and RSS: the first start's)")
 	flagChanges   = flag.Int("changes", 50, "W2: endpoint changes (alternating IPv4 and IPv6)")
 	flagPairs     = flag.Int("pairs", 10, "W3: Service create+delete pairs")
 	flagKPChanges = flag.Int("kube-proxy-changes", 0, "W2: cap of kube-proxy's endpoint changes (0: as -changes)")
