@@ -1,11 +1,15 @@
 package kubeclient
 
 import (
+	"encoding/pem"
+	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -15,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
 )
 
 const protobuf = "application/vnd.kubernetes.protobuf"
@@ -105,5 +110,91 @@ func TestClient(t *testing.T) {
 	}
 	if _, ok := Services.Object().(*v1.Service); !ok || Services.String() != "services" || EndpointSlices.String() != "endpointslices.discovery.k8s.io" {
 		t.Errorf("resource names: %s %s", Services, EndpointSlices)
+	}
+}
+
+// TestCollectionsOverHTTP1: against a TLS server that speaks HTTP/2, LISTs and
+// streaming lists (watches with sendInitialEvents) go over HTTP/1.1, resumed
+// watches and single objects over HTTP/2; the HTTP/1.1 connections are dialled
+// with TCP keepalive (15 s idle, 5 s apart, 3 probes).
+func TestCollectionsOverHTTP1(t *testing.T) {
+	srv := &apiServer{objs: map[string]runtime.Object{
+		"/apis/discovery.k8s.io/v1/endpointslices": &discoveryv1.EndpointSliceList{},
+		"/api/v1/nodes/node-1":                     &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}},
+	}}
+	var mu sync.Mutex
+	proto := map[string]int{}
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		kind := "get"
+		switch {
+		case q.Get("watch") == "true" && q.Get("sendInitialEvents") == "true":
+			kind = "streaming list"
+		case q.Get("watch") == "true":
+			kind = "watch"
+		case r.URL.Path == "/apis/discovery.k8s.io/v1/endpointslices":
+			kind = "list"
+		}
+		mu.Lock()
+		proto[kind] = r.ProtoMajor
+		mu.Unlock()
+		srv.ServeHTTP(w, r)
+	}))
+	ts.EnableHTTP2 = true
+	ts.StartTLS()
+	defer ts.Close()
+	c, err := New(&rest.Config{Host: ts.URL, ContentConfig: rest.ContentConfig{ContentType: protobuf},
+		TLSClientConfig: rest.TLSClientConfig{CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lw := c.ListWatch(EndpointSlices, nil).(cache.ListerWatcherWithContext)
+	if _, err := lw.ListWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "0"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []metav1.ListOptions{
+		{SendInitialEvents: ptr.To(true), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, AllowWatchBookmarks: true},
+		{ResourceVersion: "5", AllowWatchBookmarks: true},
+	} {
+		w, err := lw.WatchWithContext(t.Context(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Stop()
+	}
+	if _, err := c.Node(t.Context(), "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := map[string]int{"list": 1, "streaming list": 1, "watch": 2, "get": 2}; !maps.Equal(proto, want) {
+		t.Errorf("HTTP major versions %v, want %v", proto, want)
+	}
+
+	conn, err := listDialer.DialContext(t.Context(), "tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	if err := raw.Control(func(fd uintptr) {
+		for name, opt := range map[string][2]int{"SO_KEEPALIVE": {syscall.SOL_SOCKET, syscall.SO_KEEPALIVE},
+			"TCP_KEEPIDLE": {syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE}, "TCP_KEEPINTVL": {syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL},
+			"TCP_KEEPCNT": {syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT}} {
+			v, err := syscall.GetsockoptInt(int(fd), opt[0], opt[1])
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+			got[name] = v
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"SO_KEEPALIVE": 1, "TCP_KEEPIDLE": 15, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}; !maps.Equal(got, want) {
+		t.Errorf("keepalive of a list connection %v, want %v", got, want)
 	}
 }
