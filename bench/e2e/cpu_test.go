@@ -58,3 +58,31 @@ func TestTreeCPUTicksCountsRunningDescendants(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestInformersSynced reads when each proxy's log says its informers had synced:
+// dsproxy's one line, the later of kube-proxy's service and endpoint slice
+// configs (not its node or ServiceCIDR configs, nor the unnamed line).
+func TestInformersSynced(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 4, 17, 47, 0, time.Local)
+	for name, c := range map[string]struct {
+		log  string
+		want time.Duration
+		ok   bool
+	}{
+		"dsproxy": {log: `I1127 04:17:47.010000   11741 main.go:67] "dsproxy starting"
+I1127 04:17:49.840712   11741 watch.go:108] "Informer caches synced" node="bench-dsp11171-1"
+`, want: 2840712 * time.Microsecond, ok: true},
+		"kube-proxy": {log: `I1127 04:17:48.475900   27564 shared_informer.go:409] "Caches are synced"
+I1127 04:17:48.716296   27564 shared_informer.go:388] "Caches are synced" controller="node config"
+I1127 04:17:49.917041   27564 shared_informer.go:388] "Caches are synced" controller="endpoint slice config"
+I1127 04:17:49.816703   27564 shared_informer.go:388] "Caches are synced" controller="service config"
+I1127 04:17:52.820746   27564 shared_informer.go:388] "Caches are synced" controller="serviceCIDR config"
+`, want: 2917041 * time.Microsecond, ok: true},
+		"none yet": {log: "I1127 04:17:47.010000   11741 main.go:67] \"dsproxy starting\"\n"},
+	} {
+		got, ok := informersSynced(c.log, t0)
+		if got != c.want || ok != c.ok {
+			t.Errorf("%s: %v %v, want %v %v", name, got, ok, c.want, c.ok)
+		}
+	}
+}

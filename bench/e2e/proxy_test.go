@@ -278,6 +278,36 @@ func parseStatTicks(s string) (ticks int64, ppid int, err error) {
 	return ticks, ppid, nil
 }
 
+// informersSynced returns when, after t0, the proxy's log says its informers had
+// listed Services and EndpointSlices: dsproxy's "Informer caches synced", the
+// later of kube-proxy's "Caches are synced" for its service and endpoint slice
+// configs. klog's timestamps carry no year and are in local time.
+func informersSynced(log string, t0 time.Time) (time.Duration, bool) {
+	var last time.Time
+	for l := range strings.Lines(log) {
+		if !strings.Contains(l, `] "Informer caches synced"`) && !strings.Contains(l, `] "Caches are synced" controller="service config"`) &&
+			!strings.Contains(l, `] "Caches are synced" controller="endpoint slice config"`) {
+			continue
+		}
+		f := strings.Fields(l)
+		if len(f) < 2 || len(f[0]) != 5 {
+			continue
+		}
+		at, err := time.ParseInLocation("0102 15:04:05.000000", f[0][1:]+" "+f[1], time.Local)
+		if err != nil {
+			continue
+		}
+		at = at.AddDate(t0.Year(), 0, 0)
+		if at.After(last) {
+			last = at
+		}
+	}
+	if last.IsZero() {
+		return 0, false
+	}
+	return last.Sub(t0), true
+}
+
 func (p *proc) logTail() string {
 	b, _ := os.ReadFile(p.log)
 	return framework.Tail(string(b), 30)
@@ -421,6 +451,11 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 		case err == nil:
 			starts = append(starts, ready)
 			cpu, rss, _, _ := p.stats()
+			if b, err := os.ReadFile(p.log); err == nil {
+				if d, ok := informersSynced(string(b), t0); ok {
+					detail += fmt.Sprintf("; informers synced %v after start", d.Round(time.Millisecond))
+				}
+			}
 			t.Logf("%s: W1 %v (%s), CPU %.2f s, peak RSS %.0f MiB (start %d)", spec, ready.Round(time.Millisecond), detail, cpu, rss, k+1)
 			continue
 		case errors.Is(err, context.DeadlineExceeded):
