@@ -79,7 +79,11 @@ func (rep *report) targets() []Target {
 			limit := map[int]float64{10000: 2, 30000: 5}[n]
 			name := fmt.Sprintf("W1 cold start ≤ %.0f s", limit)
 			if r, ok := get("W1 cold start", n); ok && r.ok() {
-				check(name, n, fmtDur(r.P50)+runOf(r), r.P50 <= limit)
+				v := fmtDur(r.P50)
+				if r.Samples > 1 {
+					v += fmt.Sprintf(" (median of %d starts, max %s)", r.Samples, fmtDur(r.Max))
+				}
+				check(name, n, v+runOf(r), r.P50 <= limit)
 			} else {
 				missing(name, n, rowStatus(r, ok))
 			}
@@ -165,7 +169,8 @@ func TestTargets(t *testing.T) {
 	rep := &report{Sizes: []int{10000, 30000}, Rows: []Row{
 		// 10k: W1 met, W2 p99 not met, W3 add missing, W3 delete met; RSS
 		// 144 MiB = 151 MB: not met.
-		ds("W1 cold start", 10000, 1.5, 1.5, 100),
+		// Five starts: the median is met, the slowest start is not.
+		{Proxy: "dsproxy", Mode: "nftables", Workload: "W1 cold start", Services: 10000, Samples: 5, P50: 1.5, P99: 2.4, Max: 2.4, RSSMiB: 100, Status: "ok"},
 		w2,
 		ds("W3 service delete", 10000, 5e-3, 9e-3, 144),
 		ds("W4 connect ClusterIP IPv4", 10000, 30e-6, 90e-6, 144),
@@ -226,6 +231,7 @@ func TestTargets(t *testing.T) {
 	}
 	// The values say what was measured, and against which baseline.
 	for k, sub := range map[string]string{
+		"W1 cold start ≤ 2 s@10000":                      "1.50 s (median of 5 starts, max 2.40 s)",
 		"W2 endpoint change p99 ≤ 10 ms@10000":           "12.0 ms (call → event 9.0 ms, event → kernel 3.0 ms)",
 		"peak RSS ≤ 150 MB@10000":                        "151 MB (144 MiB)",
 		"W4 ClusterIP p50 − no proxy ≤ 10 µs IPv4@10000": "+9.0 µs (30.0 µs − 21.0 µs, no proxy to same pods)",
