@@ -278,6 +278,24 @@ func parseStatTicks(s string) (ticks int64, ppid int, err error) {
 	return ticks, ppid, nil
 }
 
+// apiserverCPU is kube-apiserver's CPU time so far (user + system, seconds), or
+// -1 when it cannot be read: what serving a proxy's start costs the control plane.
+func apiserverCPU(cp *framework.ControlPlane) float64 {
+	b, err := os.ReadFile(filepath.Join(cp.RunDir, "kube-apiserver.pid"))
+	if err != nil {
+		return -1
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	ticks, err := treeCPUTicks(pid)
+	if err != nil {
+		return -1
+	}
+	return float64(ticks) / 100 // USER_HZ
+}
+
 // informersSynced returns when, after t0, the proxy's log says its informers had
 // listed Services and EndpointSlices: dsproxy's "Informer caches synced", the
 // later of kube-proxy's "Caches are synced" for its service and endpoint slice
@@ -388,6 +406,7 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 	}
 
 	dir := t.TempDir()
+	api0 := apiserverCPU(cp)
 	p, err := startProxy(dir, nd.c.Node, nd.name, cp.LinkKubeconfig, bins, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -436,6 +455,7 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 			if err := os.Mkdir(sub, 0o755); err != nil {
 				t.Fatal(err)
 			}
+			api0 = apiserverCPU(cp)
 			if p, err = startProxy(sub, nd.c.Node, nd.name, cp.LinkKubeconfig, bins, spec); err != nil {
 				t.Fatal(err)
 			}
@@ -455,6 +475,9 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 				if d, ok := informersSynced(string(b), t0); ok {
 					detail += fmt.Sprintf("; informers synced %v after start", d.Round(time.Millisecond))
 				}
+			}
+			if api0 >= 0 {
+				detail += fmt.Sprintf("; kube-apiserver CPU %.2f s", apiserverCPU(cp)-api0)
 			}
 			t.Logf("%s: W1 %v (%s), CPU %.2f s, peak RSS %.0f MiB (start %d)", spec, ready.Round(time.Millisecond), detail, cpu, rss, k+1)
 			continue
