@@ -110,15 +110,18 @@ type Client struct {
 // check, so their TCP keepalive notices a dead API server within 30 s (client-go
 // pings an HTTP/2 connection idle for 30 s and gives up 15 s later).
 //
-// It returns nil when rc brings its own transport or dialer (kept as they are)
-// or, with DISABLE_HTTP2 set, needs no second client.
+// A dialer rc brings is kept (its keepalive is its own). It returns nil when rc
+// brings its own transport (whose protocols are its own) or, with DISABLE_HTTP2
+// set, needs no second client.
 func listConfig(rc *rest.Config) *rest.Config {
-	if rc.Transport != nil || rc.WrapTransport != nil || rc.Dial != nil || os.Getenv("DISABLE_HTTP2") != "" {
+	if rc.Transport != nil || os.Getenv("DISABLE_HTTP2") != "" {
 		return nil
 	}
 	lc := rest.CopyConfig(rc)
 	lc.TLSClientConfig.NextProtos = []string{"http/1.1"}
-	lc.Dial = listDialer.DialContext
+	if lc.Dial == nil {
+		lc.Dial = listDialer.DialContext
+	}
 	return lc
 }
 

@@ -1,6 +1,7 @@
 package kubeclient
 
 import (
+	"context"
 	"encoding/pem"
 	"maps"
 	"net"
@@ -143,32 +144,38 @@ func TestCollectionsOverHTTP1(t *testing.T) {
 	ts.EnableHTTP2 = true
 	ts.StartTLS()
 	defer ts.Close()
-	c, err := New(&rest.Config{Host: ts.URL, ContentConfig: rest.ContentConfig{ContentType: protobuf},
-		TLSClientConfig: rest.TLSClientConfig{CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw})}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lw := c.ListWatch(EndpointSlices, nil).(cache.ListerWatcherWithContext)
-	if _, err := lw.ListWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "0"}); err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range []metav1.ListOptions{
-		{SendInitialEvents: ptr.To(true), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, AllowWatchBookmarks: true},
-		{ResourceVersion: "5", AllowWatchBookmarks: true},
-	} {
-		w, err := lw.WatchWithContext(t.Context(), o)
+	// With client-go's dialer, and with one of the config's own (kept).
+	for _, dial := range []func(context.Context, string, string) (net.Conn, error){nil, (&net.Dialer{}).DialContext} {
+		mu.Lock()
+		clear(proto)
+		mu.Unlock()
+		c, err := New(&rest.Config{Host: ts.URL, ContentConfig: rest.ContentConfig{ContentType: protobuf}, Dial: dial,
+			TLSClientConfig: rest.TLSClientConfig{CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw})}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		w.Stop()
-	}
-	if _, err := c.Node(t.Context(), "node-1"); err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if want := map[string]int{"list": 1, "streaming list": 1, "watch": 2, "get": 2}; !maps.Equal(proto, want) {
-		t.Errorf("HTTP major versions %v, want %v", proto, want)
+		lw := c.ListWatch(EndpointSlices, nil).(cache.ListerWatcherWithContext)
+		if _, err := lw.ListWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "0"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range []metav1.ListOptions{
+			{SendInitialEvents: ptr.To(true), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, AllowWatchBookmarks: true},
+			{ResourceVersion: "5", AllowWatchBookmarks: true},
+		} {
+			w, err := lw.WatchWithContext(t.Context(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.Stop()
+		}
+		if _, err := c.Node(t.Context(), "node-1"); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		if want := map[string]int{"list": 1, "streaming list": 1, "watch": 2, "get": 2}; !maps.Equal(proto, want) {
+			t.Errorf("own dialer %v: HTTP major versions %v, want %v", dial != nil, proto, want)
+		}
+		mu.Unlock()
 	}
 
 	conn, err := listDialer.DialContext(t.Context(), "tcp", ts.Listener.Addr().String())
