@@ -3,17 +3,13 @@ package bench
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/dsproxy/dsproxy/internal/liststream"
-	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/kubeclient"
 	"github.com/dsproxy/dsproxy/pkg/watch"
@@ -41,29 +37,6 @@ func encodeLists(tb testing.TB, w Workload) *liststream.Streams {
 	return ls
 }
 
-// countingHandler counts what the informers deliver and drops it: the benchmark
-// measures the API client and the informers, not the proxiers' trackers (the
-// "feed" of TestKernelFigures).
-type countingHandler struct{ svcs, slices, endpoints atomic.Int64 }
-
-func (h *countingHandler) OnServiceAdd(*v1.Service)         { h.svcs.Add(1) }
-func (h *countingHandler) OnServiceUpdate(_, _ *v1.Service) {}
-func (h *countingHandler) OnServiceDelete(*v1.Service)      {}
-func (h *countingHandler) OnEndpointSliceAdd(o *endpointslice.Object) {
-	h.slices.Add(1)
-	if o.Slice != nil {
-		h.endpoints.Add(int64(len(o.Slice.Endpoints)))
-	}
-}
-func (h *countingHandler) OnEndpointSliceUpdate(_, _ *endpointslice.Object)   {}
-func (h *countingHandler) OnEndpointSliceDelete(*endpointslice.Object)        {}
-func (h *countingHandler) OnNodeAdd(*v1.Node)                                 {}
-func (h *countingHandler) OnNodeUpdate(_, _ *v1.Node)                         {}
-func (h *countingHandler) OnNodeDelete(*v1.Node)                              {}
-func (h *countingHandler) OnServiceCIDRAdd(*networkingv1.ServiceCIDR)         {}
-func (h *countingHandler) OnServiceCIDRUpdate(_, _ *networkingv1.ServiceCIDR) {}
-func (h *countingHandler) OnServiceCIDRDelete(*networkingv1.ServiceCIDR)      {}
-
 // BenchmarkInitialLists measures W1's first part in process: dsproxy's API client
 // and informers receiving the initial lists of n dual-stack Services and their 2n
 // EndpointSlices (10 endpoints each) as a v1.36 API server streams them, over TLS
@@ -84,7 +57,7 @@ func BenchmarkInitialLists(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				h := &countingHandler{}
+				h := &CountingHandler{}
 				ctx, cancel := context.WithCancel(context.Background())
 				cpu0 := processCPUTime()
 				err = watch.Start(ctx, client, h, watch.Options{})
@@ -93,11 +66,11 @@ func BenchmarkInitialLists(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if got := h.svcs.Load(); got != int64(n) {
+				if got := h.Services.Load(); got != int64(n) {
 					b.Fatalf("%d Services delivered, want %d", got, n)
 				}
-				if got, want := h.endpoints.Load(), int64(2*n*w.EndpointsPerFamily); h.slices.Load() != int64(2*n) || got != want {
-					b.Fatalf("%d EndpointSlices with %d endpoints delivered, want %d with %d", h.slices.Load(), got, 2*n, want)
+				if got, want := h.Endpoints.Load(), int64(2*n*w.EndpointsPerFamily); h.Slices.Load() != int64(2*n) || got != want {
+					b.Fatalf("%d EndpointSlices with %d endpoints delivered, want %d with %d", h.Slices.Load(), got, 2*n, want)
 				}
 			}
 			if u := ls.Unexpected.Load(); u > 0 {

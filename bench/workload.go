@@ -6,12 +6,15 @@ package bench
 import (
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
@@ -93,3 +96,26 @@ func (w Workload) Slice(f *family.Family, i, n int) *discovery.EndpointSlice {
 	}
 	return es
 }
+
+// CountingHandler is a watch.Handler that counts the Services, EndpointSlices and
+// endpoints the informers deliver and drops them: it measures the API client and
+// the informers without the proxiers' trackers (the "feed" of TestKernelFigures).
+type CountingHandler struct{ Services, Slices, Endpoints atomic.Int64 }
+
+func (h *CountingHandler) OnServiceAdd(*v1.Service)         { h.Services.Add(1) }
+func (h *CountingHandler) OnServiceUpdate(_, _ *v1.Service) {}
+func (h *CountingHandler) OnServiceDelete(*v1.Service)      {}
+func (h *CountingHandler) OnEndpointSliceAdd(o *endpointslice.Object) {
+	h.Slices.Add(1)
+	if o.Slice != nil {
+		h.Endpoints.Add(int64(len(o.Slice.Endpoints)))
+	}
+}
+func (h *CountingHandler) OnEndpointSliceUpdate(_, _ *endpointslice.Object)   {}
+func (h *CountingHandler) OnEndpointSliceDelete(*endpointslice.Object)        {}
+func (h *CountingHandler) OnNodeAdd(*v1.Node)                                 {}
+func (h *CountingHandler) OnNodeUpdate(_, _ *v1.Node)                         {}
+func (h *CountingHandler) OnNodeDelete(*v1.Node)                              {}
+func (h *CountingHandler) OnServiceCIDRAdd(*networkingv1.ServiceCIDR)         {}
+func (h *CountingHandler) OnServiceCIDRUpdate(_, _ *networkingv1.ServiceCIDR) {}
+func (h *CountingHandler) OnServiceCIDRDelete(*networkingv1.ServiceCIDR)      {}

@@ -133,19 +133,7 @@ func TestBenchE2E(t *testing.T) {
 		built <- nil
 	}
 
-	switch *flagEtcd {
-	case "kubernetes":
-		out, err := exec.Command(filepath.Join(root, "hack/controlplane/build-etcd.sh")).Output()
-		if err != nil {
-			t.Fatalf("build-etcd.sh: %v", err)
-		}
-		t.Setenv("DSPROXY_CP_ETCD", strings.TrimSpace(string(out)))
-	case "debian":
-		t.Setenv("DSPROXY_CP_ETCD", "")
-	default:
-		t.Fatalf("-etcd=%q: want kubernetes or debian", *flagEtcd)
-	}
-	cp := framework.Start(t)
+	cp := startControlPlane(t, root)
 	bins.kubeProxy = filepath.Join(cp.Bin, "kube-proxy")
 	if _, err := os.Stat(bins.kubeProxy); err != nil {
 		t.Fatalf("kube-proxy binary: %v (run hack/controlplane/build.sh)", err)
@@ -186,6 +174,24 @@ func TestBenchE2E(t *testing.T) {
 	if err := rep.write(*flagOut); err != nil {
 		t.Error(err)
 	}
+}
+
+// startControlPlane starts the test control plane with the etcd -etcd names.
+func startControlPlane(t *testing.T, root string) *framework.ControlPlane {
+	t.Helper()
+	switch *flagEtcd {
+	case "kubernetes":
+		out, err := exec.Command(filepath.Join(root, "hack/controlplane/build-etcd.sh")).Output()
+		if err != nil {
+			t.Fatalf("build-etcd.sh: %v", err)
+		}
+		t.Setenv("DSPROXY_CP_ETCD", strings.TrimSpace(string(out)))
+	case "debian":
+		t.Setenv("DSPROXY_CP_ETCD", "")
+	default:
+		t.Fatalf("-etcd=%q: want kubernetes or debian", *flagEtcd)
+	}
+	return framework.Start(t)
 }
 
 // TestRender writes an earlier run's results.json again (with -merge, joined by
