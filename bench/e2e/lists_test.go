@@ -45,17 +45,7 @@ var listTransports = []listTransport{
 //
 //	go test -tags e2e,netns -run TestListTransports -v -count=1 -timeout 60m ./bench/e2e/ -args -services=10000
 func TestListTransports(t *testing.T) {
-	sizes, err := parseSizes(*flagServices)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces)")
-	}
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	sizes, root := prologue(t)
 	n := sizes[len(sizes)-1]
 	cp := startControlPlane(t, root)
 	ld, err := newLoad(t, cp, []int{n}, *flagSpread)

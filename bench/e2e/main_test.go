@@ -101,21 +101,11 @@ func parseSizes(s string) ([]int, error) {
 }
 
 func TestBenchE2E(t *testing.T) {
-	sizes, err := parseSizes(*flagServices)
-	if err != nil {
-		t.Fatal(err)
-	}
 	proxies, err := parseProxies(*flagProxies)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces)")
-	}
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	sizes, root := prologue(t)
 	bins := binaries{dsproxy: *flagBin}
 	built := make(chan error, 1)
 	if bins.dsproxy == "" {
@@ -174,6 +164,24 @@ func TestBenchE2E(t *testing.T) {
 	if err := rep.write(*flagOut); err != nil {
 		t.Error(err)
 	}
+}
+
+// prologue parses -services and skips the test without root; it returns the
+// sizes and the repository's root.
+func prologue(t *testing.T) ([]int, string) {
+	t.Helper()
+	sizes, err := parseSizes(*flagServices)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces)")
+	}
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sizes, root
 }
 
 // startControlPlane starts the test control plane with the etcd -etcd names.
