@@ -103,8 +103,9 @@ type Client struct {
 // stream). Go's HTTP/2 moves a large response through more goroutine handoffs
 // and flow-control updates than HTTP/1.1 on both ends: the initial lists of
 // 10k dual-stack Services from a v1.36 API server on this project's 2-core VM
-// took 420-523 ms over HTTP/1.1 against 584-1444 ms over HTTP/2, with about a
-// third less CPU in both the API server and the proxy (bench/README.md).
+// took 0.51 s over HTTP/1.1 against 0.69 s over HTTP/2 (medians of eight
+// alternating rounds), with kube-apiserver's CPU 0.43 s against 0.53 s and the
+// client's 0.51 s against 0.68 s (bench/README.md, TestListTransports).
 // Those connections are used until the stream's watch ends (5-10 min) and the
 // reflector resumes it, over HTTP/2 again. HTTP/1.1 has no HTTP/2 PING health
 // check, so their TCP keepalive notices a dead API server within 30 s (client-go
