@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 
@@ -435,15 +434,6 @@ func startMemPeak() *memPeak {
 func (m *memPeak) stop() uint64 {
 	close(m.stopc)
 	return max(<-m.done, heapObjects())
-}
-
-// processCPU returns the user+system CPU this process used so far.
-func processCPU() time.Duration {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // machineBusy returns the non-idle CPU time of all CPUs so far (/proc/stat, in
