@@ -760,6 +760,8 @@ type prober struct {
 	failures []string
 	stop     chan struct{}
 	wg       sync.WaitGroup
+	start    time.Time
+	interval time.Duration
 }
 
 type probeTarget struct {
@@ -770,7 +772,7 @@ type probeTarget struct {
 // startProber dials the targets in turn, one every interval, and keeps the echo
 // connections exchanging a line every 50ms.
 func startProber(interval time.Duration, targets []probeTarget, echoes []*echoConn) *prober {
-	pr := &prober{stop: make(chan struct{})}
+	pr := &prober{stop: make(chan struct{}), start: time.Now(), interval: interval}
 	fail := func(format string, args ...any) {
 		pr.mu.Lock()
 		defer pr.mu.Unlock()
@@ -819,6 +821,10 @@ func startProber(interval time.Duration, targets []probeTarget, echoes []*echoCo
 }
 
 // finish stops the prober and returns the number of dials and the failures.
+// ticks is how many dials the prober would have made by now had every one
+// taken no time: its running time over its interval.
+func (pr *prober) ticks() int { return int(time.Since(pr.start) / pr.interval) }
+
 func (pr *prober) finish() (int, []string) {
 	close(pr.stop)
 	pr.wg.Wait()

@@ -358,6 +358,7 @@ func testDsproxyRestart(t *testing.T, e *env) {
 		e.errorf(t, "new dsproxy does not follow the endpoint change: %v", err)
 	}
 	time.Sleep(500 * time.Millisecond)
+	ticks := pr.ticks()
 	dials, failures := pr.finish()
 	t.Logf("old pid %d stopped in %v; new pid %d synced %v after start, followed a change in %v; %d dials, %d long-lived pings",
 		old.pid, stopped.Round(time.Millisecond), p.pid, synced.Round(time.Millisecond), took.Round(time.Millisecond),
@@ -365,8 +366,11 @@ func testDsproxyRestart(t *testing.T, e *env) {
 	if len(failures) > 0 {
 		e.errorf(t, "%d of %d connections failed across the restart:\n%s", len(failures), dials, strings.Join(failures, "\n"))
 	}
-	if dials < 100 {
-		t.Errorf("only %d dials during the restart; the prober did not keep up", dials)
+	// The window is the no-dsproxy second plus the restart: ~100 ticks, fewer
+	// as dsproxy starts faster, so the prober is held to its own ticks (nine in
+	// ten dialled, as the former fixed 100 of ~105).
+	if dials < ticks*9/10 {
+		t.Errorf("only %d dials in %d ticks of %v during the restart; the prober did not keep up", dials, ticks, pr.interval)
 	}
 	for _, ec := range echoes {
 		if err := ec.ping(); err != nil {
