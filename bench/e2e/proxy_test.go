@@ -640,6 +640,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 	}
 	cpu0, _, _, _ := p.stats()
 	var lat, proxyLat, apiLat []time.Duration
+	var slow []slowChange
 	for c := range p.changes() {
 		fi := c % 2
 		k := 1 - ld.probeAt[fi]
@@ -656,6 +657,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 				interval: time.Millisecond, done: reaches(fmt.Sprintf("p%d", k))}.run(ctx, nd.client)
 			ch <- res{at, err}
 		}()
+		s0, ok0 := p.procSched()
 		t0 := time.Now()
 		if err := ld.setProbe(ctx, fi, k); err != nil {
 			cancel()
@@ -665,6 +667,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 		ld.probeAt[fi] = k
 		pr := <-ch
 		cancel()
+		s1, ok1 := p.procSched()
 		at, err := pr.at, pr.err
 		if err != nil {
 			return partial(t, p, r, lat, cpu0, err, p.changes())
@@ -676,9 +679,12 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 		}
 		proxyLat = append(proxyLat, max(at.Sub(ev), 0))
 		apiLat = append(apiLat, ev.Sub(t0))
-		recordSample(p, r.Services, r.Workload, fams[fi].Name, t0, ev, at)
+		sc := slowChange{proxy: max(at.Sub(ev), 0), sched: s1.sub(s0), ok: ok0 && ok1}
+		slow = append(slow, sc)
+		recordSample(p, r.Services, r.Workload, fams[fi].Name, t0, ev, at, sc)
 		time.Sleep(*flagGap)
 	}
+	t.Logf("%s: %s, slowest event → kernel: %s", p.spec, r.Workload, slowest(slow, 5))
 	r.ProxyP50, r.ProxyP99 = p50p99(proxyLat)
 	r.APIP50, r.APIP99 = p50p99(apiLat)
 	return finish(p, r, lat, cpu0)
@@ -697,11 +703,12 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) []Row {
 	cpu0, _, _, _ := p.stats()
 	var addLat, delLat, addProxy, delProxy, addAPI, delAPI []time.Duration
+	var addSlow, delSlow []slowChange
 	// change starts wait for both families, runs act, and collects: wait
 	// returns when family fi saw the change, needed the watch event it
-	// depends on.
-	change := func(ctx context.Context, row Row, t0 time.Time, act func() error, wait func(ctx context.Context, fi int) (time.Time, error),
-		needed func(fi int) (time.Time, error), lat, proxy, api *[]time.Duration) (actErr, err error) {
+	// depends on. s0 is the proxy's schedStat at t0.
+	change := func(ctx context.Context, row Row, t0 time.Time, s0 schedStat, ok0 bool, act func() error, wait func(ctx context.Context, fi int) (time.Time, error),
+		needed func(fi int) (time.Time, error), lat, proxy, api *[]time.Duration, slow *[]slowChange) (actErr, err error) {
 		type res struct {
 			at  time.Time
 			err error
@@ -723,20 +730,28 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 			}
 			return actErr, nil
 		}
+		var rs [2]res
+		for fi := range fams {
+			rs[fi] = <-ch[fi]
+		}
+		s1, ok1 := p.procSched()
+		sc := slowChange{sched: s1.sub(s0), ok: ok0 && ok1}
 		var errs []error
 		for fi := range fams {
-			r := <-ch[fi]
+			r := rs[fi]
 			if r.err == nil {
 				var ev time.Time
 				if ev, r.err = needed(fi); r.err == nil {
 					*lat = append(*lat, r.at.Sub(t0))
 					*proxy = append(*proxy, max(r.at.Sub(ev), 0))
 					*api = append(*api, ev.Sub(t0))
-					recordSample(p, row.Services, row.Workload, fams[fi].Name, t0, ev, r.at)
+					sc.proxy = max(sc.proxy, r.at.Sub(ev))
+					recordSample(p, row.Services, row.Workload, fams[fi].Name, t0, ev, r.at, sc)
 				}
 			}
 			errs = append(errs, r.err)
 		}
+		*slow = append(*slow, sc)
 		return nil, errors.Join(errs...)
 	}
 	rows := func(errAdd, errDel error) []Row {
@@ -751,19 +766,22 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		d.ProxyP50, d.ProxyP99 = p50p99(delProxy)
 		a.APIP50, a.APIP99 = p50p99(addAPI)
 		d.APIP50, d.APIP99 = p50p99(delAPI)
+		t.Logf("%s: %s, slowest event → kernel: %s", p.spec, add.Workload, slowest(addSlow, 5))
+		t.Logf("%s: %s, slowest event → kernel: %s", p.spec, del.Workload, slowest(delSlow, 5))
 		d.CPU = -1 // the CPU column of W3 covers adds and deletes together
 		return []Row{a, d}
 	}
 	for range p.pairs() {
 		ctx, cancel := context.WithTimeout(p.ctx, *flagChangeTO)
 		name := fmt.Sprintf("w3-%d", ld.nextW3())
+		s0, ok0 := p.procSched()
 		t0 := time.Now()
 		ips, err := ld.createService(ctx, name, "ClusterIP")
 		if err != nil {
 			cancel()
 			return []Row{failed(t, p, add, err, "create"), skipped(del)}
 		}
-		actErr, err := change(ctx, add, t0, func() error { return ld.createSlices(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
+		actErr, err := change(ctx, add, t0, s0, ok0, func() error { return ld.createSlices(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
 			return firstAnswer(ctx, nd.client, netip.AddrPortFrom(ips[fi], svcPort), time.Millisecond, 100*time.Millisecond)
 		}, func(fi int) (time.Time, error) {
 			s, err := ld.events.first("Service", name, watch.Added, t0)
@@ -772,7 +790,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 			}
 			es, err := ld.events.first("EndpointSlice", sliceName(name, fams[fi]), watch.Added, t0)
 			return latest(s, es), err
-		}, &addLat, &addProxy, &addAPI)
+		}, &addLat, &addProxy, &addAPI, &addSlow)
 		cancel()
 		if actErr != nil {
 			return []Row{failed(t, p, add, actErr, "create"), skipped(del)}
@@ -782,13 +800,14 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		}
 		time.Sleep(*flagGap)
 		ctx, cancel = context.WithTimeout(p.ctx, *flagChangeTO)
+		s0, ok0 = p.procSched()
 		t0 = time.Now()
-		actErr, err = change(ctx, del, t0, func() error { return ld.deleteService(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
+		actErr, err = change(ctx, del, t0, s0, ok0, func() error { return ld.deleteService(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
 			return poll{dst: netip.AddrPortFrom(ips[fi], svcPort), timeout: 200 * time.Millisecond, interval: time.Millisecond,
 				done: fails, confirm: 2}.run(ctx, nd.client)
 		}, func(int) (time.Time, error) {
 			return ld.events.first("Service", name, watch.Deleted, t0)
-		}, &delLat, &delProxy, &delAPI)
+		}, &delLat, &delProxy, &delAPI, &delSlow)
 		cancel()
 		if actErr != nil {
 			return []Row{failed(t, p, add, actErr, "delete"), skipped(del)}

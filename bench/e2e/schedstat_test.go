@@ -1,0 +1,122 @@
+//go:build e2e && netns
+
+package e2e
+
+import (
+	"cmp"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// schedStat is what the scheduler accounted to a process's threads
+// (/proc/<pid>/task/*/schedstat): time on a CPU, and time runnable but
+// waiting for one (run_delay). A proxy that waits for a CPU while the API
+// server and etcd hold both cores shows it in the second; children (nft,
+// iptables-restore) are not included.
+type schedStat struct{ ran, waited time.Duration }
+
+func readSchedStat(pid int) (schedStat, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return schedStat{}, err
+	}
+	var s schedStat
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "schedstat"))
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		t, err := parseSchedStat(string(b))
+		if err != nil {
+			return schedStat{}, fmt.Errorf("thread %s: %w", e.Name(), err)
+		}
+		s.ran += t.ran
+		s.waited += t.waited
+	}
+	return s, nil
+}
+
+// parseSchedStat reads one schedstat line: ns on a CPU, ns waiting on a run
+// queue, time slices.
+func parseSchedStat(line string) (schedStat, error) {
+	f := strings.Fields(line)
+	if len(f) < 2 {
+		return schedStat{}, fmt.Errorf("malformed schedstat %q", line)
+	}
+	var v [2]int64
+	for i := range v {
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil || n < 0 {
+			return schedStat{}, fmt.Errorf("malformed schedstat %q", line)
+		}
+		v[i] = n
+	}
+	return schedStat{ran: time.Duration(v[0]), waited: time.Duration(v[1])}, nil
+}
+
+// sub is s − o, each part at least 0 (threads that exited take their counts
+// with them).
+func (s schedStat) sub(o schedStat) schedStat {
+	return schedStat{ran: max(s.ran-o.ran, 0), waited: max(s.waited-o.waited, 0)}
+}
+
+// procSched reads p's schedStat; a read error (the process exited) gives
+// ok false, and the change is reported without it.
+func (p *proc) procSched() (s schedStat, ok bool) {
+	s, err := readSchedStat(p.pid())
+	return s, err == nil
+}
+
+// slowChange is one W2/W3 change's proxy part (event → kernel, the slower
+// family) and what the scheduler accounted to the proxy from the API call to
+// the kernel showing the change in both families.
+type slowChange struct {
+	proxy time.Duration
+	sched schedStat
+	ok    bool
+}
+
+// slowest returns the k changes with the longest proxy parts, longest first,
+// formatted for the log: "19.1 ms (ran 2.0 ms, waited 15.2 ms for a CPU)".
+func slowest(cs []slowChange, k int) string {
+	s := slices.Clone(cs)
+	slices.SortStableFunc(s, func(a, b slowChange) int { return cmp.Compare(b.proxy, a.proxy) })
+	var out []string
+	for _, c := range s[:min(k, len(s))] {
+		x := fmtMs(c.proxy)
+		if c.ok {
+			x += fmt.Sprintf(" (ran %s, waited %s for a CPU)", fmtMs(c.sched.ran), fmtMs(c.sched.waited))
+		}
+		out = append(out, x)
+	}
+	return strings.Join(out, ", ")
+}
+
+func fmtMs(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
+
+func TestParseSchedStat(t *testing.T) {
+	got, err := parseSchedStat("149185104 12709094 443\n")
+	if err != nil || got != (schedStat{ran: 149185104, waited: 12709094}) {
+		t.Errorf("parseSchedStat = %+v, %v", got, err)
+	}
+	for _, bad := range []string{"", "12", "a 1 2", "1 -2 3"} {
+		if _, err := parseSchedStat(bad); err == nil {
+			t.Errorf("parseSchedStat(%q): no error", bad)
+		}
+	}
+	self, err := readSchedStat(os.Getpid())
+	if err != nil || self.ran <= 0 {
+		t.Errorf("readSchedStat(self) = %+v, %v; want some CPU time", self, err)
+	}
+	cs := []slowChange{{proxy: time.Millisecond}, {proxy: 19 * time.Millisecond, ok: true, sched: schedStat{ran: 2 * time.Millisecond, waited: 15 * time.Millisecond}}, {proxy: 3 * time.Millisecond}}
+	if got, want := slowest(cs, 2), "19.0 ms (ran 2.0 ms, waited 15.0 ms for a CPU), 3.0 ms"; got != want {
+		t.Errorf("slowest = %q, want %q", got, want)
+	}
+}
