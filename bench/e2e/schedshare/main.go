@@ -157,7 +157,8 @@ func (s sample) latency(fromEvent bool) time.Duration {
 	return s.kernel.Sub(s.start)
 }
 
-// parseSamples reads proxy,services,workload,family,start,event,kernel lines.
+// parseSamples reads proxy,services,workload,family,start,event,kernel lines, and
+// the same with the proxy's ran,waited after them (runs since 2026-11-27, stop 20).
 func parseSamples(r io.Reader) ([]sample, error) {
 	var out []sample
 	sc := bufio.NewScanner(r)
@@ -167,8 +168,8 @@ func parseSamples(r io.Reader) ([]sample, error) {
 			continue
 		}
 		f := strings.Split(line, ",")
-		if len(f) != 7 {
-			return nil, fmt.Errorf("line %d: %d fields, want 7", n, len(f))
+		if len(f) != 7 && len(f) != 9 {
+			return nil, fmt.Errorf("line %d: %d fields, want 7 or 9", n, len(f))
 		}
 		var ts [3]time.Time
 		for i := range ts {

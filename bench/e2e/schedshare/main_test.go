@@ -83,7 +83,7 @@ func TestRun(t *testing.T) {
 	// Times are the wall clock: the trace's minus the offset (0 here).
 	writeFile(t, samplesPath, strings.Join([]string{
 		"dsproxy/nftables,10000,W3 service delete,IPv4,1970-01-01T00:01:40.000000000Z,1970-01-01T00:01:40.002000000Z,1970-01-01T00:01:40.003000000Z",
-		"dsproxy/nftables,10000,W3 service delete,IPv6,1970-01-01T00:01:40.000000000Z,1970-01-01T00:01:40.001000000Z,1970-01-01T00:01:40.001500000Z",
+		"dsproxy/nftables,10000,W3 service delete,IPv6,1970-01-01T00:01:40.000000000Z,1970-01-01T00:01:40.001000000Z,1970-01-01T00:01:40.001500000Z,1700000,1300000",
 		"dsproxy/nftables,10000,W3 service add,IPv4,1970-01-01T00:01:40.000000000Z,1970-01-01T00:01:40.001000000Z,1970-01-01T00:01:40.009000000Z",
 		"dsproxy/nftables,10000,W3 service delete,IPv4,1970-01-01T00:02:40.000000000Z,1970-01-01T00:02:40.001000000Z,1970-01-01T00:02:40.002000000Z",
 	}, "\n")+"\n")
@@ -128,6 +128,9 @@ func TestParseErrors(t *testing.T) {
 	}
 	if _, err := parseSamples(strings.NewReader("a,b,c\n")); err == nil {
 		t.Error("parseSamples: no error for a short line")
+	}
+	if _, err := parseSamples(strings.NewReader("p,1,W,IPv4,1970-01-01T00:01:40Z,1970-01-01T00:01:40Z,1970-01-01T00:01:40Z,17\n")); err == nil {
+		t.Error("parseSamples: no error for a line of 8 fields")
 	}
 	if _, err := parseSamples(strings.NewReader("p,1,W,IPv4,yesterday,x,y\n")); err == nil {
 		t.Error("parseSamples: no error for a bad time")
