@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dsproxy/dsproxy/bench/e2e/samplecsv"
 )
 
 func main() {
@@ -90,25 +92,25 @@ func run(w io.Writer, tracePath, samplesPath, workload string, fromEvent bool, m
 		return err
 	}
 	defer sf.Close()
-	all, err := parseSamples(sf)
+	all, err := samplecsv.Parse(sf)
 	if err != nil {
 		return fmt.Errorf("%s: %w", samplesPath, err)
 	}
-	var ss []sample
+	var ss []samplecsv.Sample
 	for _, s := range all {
-		if s.workload == workload && !s.start.Before(tr.first) && !s.kernel.After(tr.last) {
+		if s.Workload == workload && !s.Start.Before(tr.first) && !s.Kernel.After(tr.last) {
 			ss = append(ss, s)
 		}
 	}
 	if len(ss) == 0 {
 		return fmt.Errorf("no %q sample lies within the trace (%s … %s)", workload, tr.first.Format(time.RFC3339Nano), tr.last.Format(time.RFC3339Nano))
 	}
-	window := func(s sample) (time.Time, time.Time) {
-		a := s.start
+	window := func(s samplecsv.Sample) (time.Time, time.Time) {
+		a := s.Start
 		if fromEvent {
-			a = s.event
+			a = s.Event
 		}
-		b := s.kernel
+		b := s.Kernel
 		if b.Before(a) { // the kernel had it before the bench's own watch delivered the event
 			a, b = b, a
 		}
@@ -131,57 +133,17 @@ func run(w io.Writer, tracePath, samplesPath, workload string, fromEvent bool, m
 		fmt.Fprintf(w, "warning: the trace lost events %d times (ftrace buffer full); the CPU time around those gaps is not counted\n", tr.lost)
 	}
 	fmt.Fprintf(w, "CPU share in the windows: %s\n", total.format(0))
-	slices.SortFunc(ss, func(x, y sample) int { return cmp.Compare(x.latency(fromEvent), y.latency(fromEvent)) })
+	slices.SortFunc(ss, func(x, y samplecsv.Sample) int { return cmp.Compare(x.Latency(fromEvent), y.Latency(fromEvent)) })
 	worst = max(0, min(worst, len(ss)))
 	if worst > 0 {
 		fmt.Fprintf(w, "slowest %d (%s → kernel; CPU ms per command in the window):\n", worst, what)
 	}
 	for _, s := range ss[len(ss)-worst:] {
 		a, b := window(s)
-		fmt.Fprintf(w, "  %s %s %7.2f ms: %s\n", s.start.Format("15:04:05.000"), s.family,
-			float64(s.latency(fromEvent))/1e6, tr.occupancy(a, b).format(6))
+		fmt.Fprintf(w, "  %s %s %7.2f ms: %s\n", s.Start.Format("15:04:05.000"), s.Family,
+			float64(s.Latency(fromEvent))/1e6, tr.occupancy(a, b).format(6))
 	}
 	return nil
-}
-
-// sample is one line of the bench's -samples CSV.
-type sample struct {
-	workload, family     string
-	start, event, kernel time.Time
-}
-
-func (s sample) latency(fromEvent bool) time.Duration {
-	if fromEvent {
-		return s.kernel.Sub(s.event)
-	}
-	return s.kernel.Sub(s.start)
-}
-
-// parseSamples reads proxy,services,workload,family,start,event,kernel lines, and
-// the same with the proxy's ran,waited after them (runs since 2026-11-27, stop 20).
-func parseSamples(r io.Reader) ([]sample, error) {
-	var out []sample
-	sc := bufio.NewScanner(r)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" {
-			continue
-		}
-		f := strings.Split(line, ",")
-		if len(f) != 7 && len(f) != 9 {
-			return nil, fmt.Errorf("line %d: %d fields, want 7 or 9", n, len(f))
-		}
-		var ts [3]time.Time
-		for i := range ts {
-			t, err := time.Parse(time.RFC3339Nano, f[4+i])
-			if err != nil {
-				return nil, fmt.Errorf("line %d: %w", n, err)
-			}
-			ts[i] = t
-		}
-		out = append(out, sample{workload: f[2], family: f[3], start: ts[0], event: ts[1], kernel: ts[2]})
-	}
-	return out, sc.Err()
 }
 
 // stretch is one stretch of one CPU given to one command ("idle" for the idle task).

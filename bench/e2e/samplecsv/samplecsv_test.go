@@ -1,0 +1,44 @@
+package samplecsv
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	in := strings.Join([]string{
+		"dsproxy/nftables,10000,W3 service delete,IPv4,2026-11-27T10:05:08.000000000Z,2026-11-27T10:05:08.004000000Z,2026-11-27T10:05:08.010000000Z",
+		"",
+		"kube-proxy/nftables,30000,W2 endpoint change,IPv6,2026-11-27T10:05:09.000000000Z,2026-11-27T10:05:09.001000000Z,2026-11-27T10:05:09.002000000Z,1700000,1300000",
+		"dsproxy/nftables,30000,W2 endpoint change,IPv6,2026-11-27T10:05:09.000000000Z,2026-11-27T10:05:09.001000000Z,2026-11-27T10:05:09.002000000Z,,",
+	}, "\n")
+	got, err := Parse(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("%d samples, want 3", len(got))
+	}
+	if s := got[0]; s.Proxy != "dsproxy/nftables" || s.Services != 10000 || s.Workload != "W3 service delete" ||
+		s.Family != "IPv4" || s.HasSched || s.Latency(true) != 6*time.Millisecond || s.Latency(false) != 10*time.Millisecond {
+		t.Errorf("first sample: %+v", s)
+	}
+	if s := got[1]; !s.HasSched || s.Ran != 1700*time.Microsecond || s.Waited != 1300*time.Microsecond || s.Services != 30000 {
+		t.Errorf("second sample: %+v", s)
+	}
+	if got[2].HasSched {
+		t.Errorf("third sample has empty ran,waited but HasSched: %+v", got[2])
+	}
+	for _, bad := range []string{
+		"a,b,c",
+		"p,1,W,IPv4,2026-11-27T10:05:08Z,2026-11-27T10:05:08Z,2026-11-27T10:05:08Z,17",
+		"p,1,W,IPv4,yesterday,2026-11-27T10:05:08Z,2026-11-27T10:05:08Z",
+		"p,many,W,IPv4,2026-11-27T10:05:08Z,2026-11-27T10:05:08Z,2026-11-27T10:05:08Z",
+		"p,1,W,IPv4,2026-11-27T10:05:08Z,2026-11-27T10:05:08Z,2026-11-27T10:05:08Z,-1,2",
+	} {
+		if _, err := Parse(strings.NewReader("\n" + bad + "\n")); err == nil || !strings.HasPrefix(err.Error(), "line 2:") {
+			t.Errorf("Parse(%q): %v, want an error naming line 2", bad, err)
+		}
+	}
+}
