@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-var flagSamples = flag.String("samples", "", "file to append every W2/W3 sample to, as CSV: proxy,services,workload,family,start,event,kernel (wall-clock RFC 3339, ns),ran,waited (the proxy's threads' CPU time and time waiting for a CPU from start until the kernel showed the change in every family, ns; empty if unread), to line samples up with a proxy's log or a kernel trace")
+var flagSamples = flag.String("samples", "", "file to append every W2/W3 sample to, as CSV: proxy,services,workload,family,start,event,kernel (wall-clock RFC 3339, ns),ran,waited (the proxy's threads' CPU time and time waiting for a CPU from start until the kernel showed the change, in both families for W3, ns; empty if unread), to line samples up with a proxy's log or a kernel trace")
 
 var samples struct {
 	mu sync.Mutex

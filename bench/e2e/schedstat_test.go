@@ -74,9 +74,9 @@ func (p *proc) procSched() (s schedStat, ok bool) {
 	return s, err == nil
 }
 
-// slowChange is one W2/W3 change's proxy part (event → kernel, the slower
-// family) and what the scheduler accounted to the proxy from the API call to
-// the kernel showing the change in both families.
+// slowChange is one W2/W3 change's proxy part (event → kernel; for W3 the
+// slower family's) and what the scheduler accounted to the proxy from the API
+// call until the kernel showed the change (for W3 in both families).
 type slowChange struct {
 	proxy time.Duration
 	sched schedStat
