@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +53,20 @@ func Parse(r io.Reader) ([]Sample, error) {
 		out = append(out, s)
 	}
 	return out, sc.Err()
+}
+
+// ReadFile parses the file at path; errors name it.
+func ReadFile(path string) ([]Sample, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ss, err := Parse(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return ss, nil
 }
 
 func parseLine(line string) (Sample, error) {

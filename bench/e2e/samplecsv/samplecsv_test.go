@@ -1,6 +1,8 @@
 package samplecsv
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -40,5 +42,25 @@ func TestParse(t *testing.T) {
 		if _, err := Parse(strings.NewReader("\n" + bad + "\n")); err == nil || !strings.HasPrefix(err.Error(), "line 2:") {
 			t.Errorf("Parse(%q): %v, want an error naming line 2", bad, err)
 		}
+	}
+}
+
+func TestReadFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "samples.csv")
+	if _, err := ReadFile(path); err == nil {
+		t.Error("ReadFile of a missing file: no error")
+	}
+	if err := os.WriteFile(path, []byte("a,b,c\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadFile(path); err == nil || !strings.Contains(err.Error(), path+": line 1:") {
+		t.Errorf("ReadFile of a bad file: %v, want an error naming the file and line", err)
+	}
+	line := "p,1,W,IPv4,2026-11-27T10:05:08Z,2026-11-27T10:05:08Z,2026-11-27T10:05:08.001Z\n"
+	if err := os.WriteFile(path, []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ss, err := ReadFile(path); err != nil || len(ss) != 1 || ss[0].Latency(true) != time.Millisecond {
+		t.Errorf("ReadFile = %+v, %v", ss, err)
 	}
 }

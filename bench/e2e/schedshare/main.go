@@ -87,14 +87,9 @@ func run(w io.Writer, tracePath, samplesPath, workload string, fromEvent bool, m
 	if err != nil {
 		return fmt.Errorf("%s: %w", tracePath, err)
 	}
-	sf, err := os.Open(samplesPath)
+	all, err := samplecsv.ReadFile(samplesPath)
 	if err != nil {
 		return err
-	}
-	defer sf.Close()
-	all, err := samplecsv.Parse(sf)
-	if err != nil {
-		return fmt.Errorf("%s: %w", samplesPath, err)
 	}
 	var ss []samplecsv.Sample
 	for _, s := range all {

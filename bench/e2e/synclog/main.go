@@ -148,14 +148,9 @@ func (l *logged) split(s samplecsv.Sample) split {
 }
 
 func run(w io.Writer, samplesPath, logPath string, services, worst int, loc *time.Location) error {
-	sf, err := os.Open(samplesPath)
+	all, err := samplecsv.ReadFile(samplesPath)
 	if err != nil {
 		return err
-	}
-	defer sf.Close()
-	all, err := samplecsv.Parse(sf)
-	if err != nil {
-		return fmt.Errorf("%s: %w", samplesPath, err)
 	}
 	var ss []samplecsv.Sample
 	sizes := map[int]bool{}
