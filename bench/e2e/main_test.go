@@ -49,6 +49,7 @@ var (
 	flagOut       = flag.String("out", "out", "directory for results.json, results.txt and results.png")
 	flagMerge     = flag.String("merge", "", "results.json of earlier runs, comma-separated: their rows for sizes not measured now (nor merged from an earlier path) are added to the table, JSON and plot (marked in the status)")
 	flagDSArgs    = flag.String("dsproxy-args", "", "extra dsproxy arguments, space-separated (e.g. \"-v=2\" to log every sync)")
+	flagDSEnv     = flag.String("dsproxy-env", "", "extra environment for dsproxy, space-separated KEY=VALUE (e.g. \"GOMAXPROCS=1\")")
 	flagProfiles  = flag.String("profiles", "", "directory for a heap profile of dsproxy once programmed (W1), per size; runs dsproxy with --profiling")
 	flagEtcd      = flag.String("etcd", "kubernetes", "etcd of the control plane: \"kubernetes\" (the version Kubernetes v1.36 requires, built by hack/controlplane/build-etcd.sh; informers stream their initial list as in real clusters) or \"debian\" (etcd-server from PATH, 3.4: no streaming lists, informers LIST)")
 	flagBin       = flag.String("dsproxy-bin", "", "prebuilt dsproxy binary (default: go build ./cmd/dsproxy)")

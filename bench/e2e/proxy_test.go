@@ -70,6 +70,14 @@ func startProxy(dir string, node *netns.NS, nodeName, kubeconfig string, bins bi
 			"--metrics-bind-address", "127.0.0.1:10249",
 		}
 		args = append(args, strings.Fields(*flagDSArgs)...)
+		if kv := strings.Fields(*flagDSEnv); len(kv) > 0 {
+			for _, e := range kv {
+				if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+					return nil, fmt.Errorf("-dsproxy-env: %q is not KEY=VALUE", e)
+				}
+			}
+			env = append(os.Environ(), kv...)
+		}
 		if *flagProfiles != "" {
 			args = append(args, "--profiling")
 		}
