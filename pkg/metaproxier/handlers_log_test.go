@@ -13,20 +13,24 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
-// setKlog sets klog's flags for one test and restores the defaults after it.
+// setKlog sets klog's flags for one test and puts back the values they had
+// after it.
 func setKlog(t *testing.T, kv ...string) {
 	t.Helper()
 	var fs flag.FlagSet
 	klog.InitFlags(&fs)
+	prev := map[string]string{}
 	for i := 0; i+1 < len(kv); i += 2 {
+		prev[kv[i]] = fs.Lookup(kv[i]).Value.String()
 		if err := fs.Set(kv[i], kv[i+1]); err != nil {
 			t.Fatal(err)
 		}
 	}
 	t.Cleanup(func() {
 		klog.Flush()
-		_ = fs.Set("v", "0")
-		_ = fs.Set("logtostderr", "true")
+		for k, v := range prev {
+			_ = fs.Set(k, v)
+		}
 		klog.SetOutput(os.Stderr)
 	})
 }

@@ -48,10 +48,7 @@ func main() {
 }
 
 // syncRun is one "Sync done" line.
-type syncRun struct {
-	family     string
-	start, end time.Time
-}
+type syncRun struct{ start, end time.Time }
 
 // logged is what the log gave: every sync per family, and the time of every
 // handler call, in order.
@@ -89,7 +86,7 @@ func parseLog(r io.Reader, year int, loc *time.Location) (*logged, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%q: %w", sc.Text(), err)
 			}
-			l.syncs[s[1]] = append(l.syncs[s[1]], syncRun{family: s[1], start: at.Add(-d), end: at})
+			l.syncs[s[1]] = append(l.syncs[s[1]], syncRun{start: at.Add(-d), end: at})
 		}
 	}
 	if err := sc.Err(); err != nil {
