@@ -7,11 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/netip"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -66,9 +64,11 @@ type poll struct {
 	confirm int
 }
 
-// run connects repeatedly from ns until done, and returns the start time of
-// the first connection that saw the change: the rules were in place before it
-// and not yet at the previous connection's start.
+// run connects repeatedly from ns, one connection at a time, until done, and
+// returns the start time of the first connection that saw the change: the
+// rules were in place before it and not yet at the previous connection's
+// start. Its resolution is the connections' length plus interval: enough for
+// W1's seconds and for waiting until a probe is ready; W2 and W3 use first.
 func (p poll) run(ctx context.Context, ns *netns.NS) (time.Time, error) {
 	var at time.Time
 	err := netns.RunIn(ns, func() error {
@@ -317,54 +317,101 @@ func connectSocket(fd int, dst netip.AddrPort) (time.Duration, error) {
 	return d, err
 }
 
-// firstAnswer waits for a target that does not answer yet (a new Service's
-// ClusterIP) to start answering. Connecting one at a time would not do: while
-// the address has no rules its SYNs are dropped, so each connection waits its
-// whole timeout and a change would be seen up to one timeout late. Instead a
-// new connection starts every interval, each waiting up to timeout in the
-// background, and the start of the earliest one that got an answer is
-// returned (resolution: interval). Sockets are made on ns's locked thread, so
+// first is run for W2 and W3's single changes, where milliseconds count.
+// Connecting one at a time would see a change late whenever the connection
+// before it waits: for its SYN to time out (an address without rules drops
+// it) or for a pod's server, which runs in this process and starves for a CPU
+// with it, to answer. Instead a new connection starts every interval, each
+// waiting up to timeout in the background, and first returns the start of the
+// earliest connection that saw the change together with the confirm-1
+// connections started after it, once every connection started before it has
+// finished (resolution: interval). Sockets are made on ns's locked thread, so
 // they belong to its network namespace; waiting on them needs no namespace.
-func firstAnswer(ctx context.Context, ns *netns.NS, dst netip.AddrPort, interval, timeout time.Duration) (time.Time, error) {
+func (p poll) first(ctx context.Context, ns *netns.NS) (time.Time, error) {
+	confirm := max(1, p.confirm)
 	type result struct {
-		id int
-		ok bool
+		id  int
+		saw bool
 	}
 	var at time.Time
 	err := netns.RunIn(ns, func() error {
-		results := make(chan result, 1024)
-		var earliest time.Time         // earliest answered start so far
-		pending := map[int]time.Time{} // connections still waiting, by id
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for id := 0; ; {
-			if earliest.IsZero() {
-				start := time.Now()
-				fd, err := connectNonblocking(dst)
-				if err != nil {
-					return fmt.Errorf("connect %v: %w", dst, err)
+		results := make(chan result)
+		stop := make(chan struct{})
+		defer close(stop)
+		var (
+			starts []time.Time
+			saw    []int8 // per connection: 0 waiting, 1 saw the change, -1 did not
+			// lo: every connection before lo finished, and no run of confirm
+			// starts there.
+			lo int
+			// complete: a run of confirm has finished; no connection started
+			// from now on can come before it.
+			complete bool
+		)
+		connect := func() error {
+			start := time.Now()
+			fd, err := connectNonblocking(p.dst)
+			if err != nil {
+				return fmt.Errorf("connect %v: %w", p.dst, err)
+			}
+			id := len(starts)
+			starts, saw = append(starts, start), append(saw, 0)
+			go func() {
+				srv, err := awaitLine(fd, start.Add(p.timeout))
+				select {
+				case results <- result{id, p.done(srv, err)}:
+				case <-stop:
 				}
-				pending[id] = start
-				go func(id int) {
-					results <- result{id, awaitAnswer(fd, start.Add(timeout))}
-				}(id)
-				id++
-			}
-			if !earliest.IsZero() && !slices.ContainsFunc(slices.Collect(maps.Values(pending)), func(s time.Time) bool { return s.Before(earliest) }) {
-				// Nothing started earlier can still answer.
-				at = earliest
-				return nil
-			}
+			}()
+			return nil
+		}
+		if err := connect(); err != nil {
+			return err
+		}
+		tick := time.NewTicker(p.interval)
+		defer tick.Stop()
+		for {
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("%v: %w", dst, context.Cause(ctx))
-			case r := <-results:
-				start := pending[r.id]
-				delete(pending, r.id)
-				if r.ok && (earliest.IsZero() || start.Before(earliest)) {
-					earliest = start
-				}
+				return fmt.Errorf("%v: %w", p.dst, context.Cause(ctx))
 			case <-tick.C:
+				if !complete {
+					if err := connect(); err != nil {
+						return err
+					}
+				}
+			case r := <-results:
+				saw[r.id] = -1
+				if r.saw {
+					saw[r.id] = 1
+					n := 1
+					for j := r.id - 1; j >= 0 && saw[j] == 1 && n < confirm; j-- {
+						n++
+					}
+					for j := r.id + 1; j < len(saw) && saw[j] == 1 && n < confirm; j++ {
+						n++
+					}
+					complete = complete || n >= confirm
+				}
+				for lo < len(saw) && saw[lo] != 0 {
+					if saw[lo] < 0 {
+						lo++
+						continue
+					}
+					end := lo
+					for end < lo+confirm && end < len(saw) && saw[end] == 1 {
+						end++
+					}
+					if end == lo+confirm {
+						at = starts[lo]
+						return nil
+					}
+					if end < len(saw) && saw[end] < 0 {
+						lo = end + 1
+						continue
+					}
+					break // the run from lo waits for a connection
+				}
 			}
 		}
 	})
@@ -386,31 +433,41 @@ func connectNonblocking(dst netip.AddrPort) (int, error) {
 	return fd, nil
 }
 
-// awaitAnswer waits until deadline for fd's connection to complete and the
-// server's line to arrive, then closes fd. It reports whether a line came.
-func awaitAnswer(fd int, deadline time.Time) bool {
+// errNoAnswer: a connection got no line before its deadline.
+var errNoAnswer = errors.New("no answer")
+
+// awaitLine waits until deadline for fd's connection to complete and the
+// server's "<pod> <client>" line to arrive, closes fd, and returns the pod name.
+func awaitLine(fd int, deadline time.Time) (string, error) {
 	defer unix.Close(fd)
 	for {
 		ms := int(time.Until(deadline).Milliseconds())
 		if ms <= 0 {
-			return false
+			return "", errNoAnswer
 		}
 		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		n, err := unix.Poll(pfd, ms)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
-		if err != nil || n == 0 {
-			return false
+		if err != nil {
+			return "", err
 		}
-		if pfd[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0 && pfd[0].Revents&unix.POLLIN == 0 {
-			return false
+		if n == 0 {
+			return "", errNoAnswer
 		}
 		var buf [64]byte
 		m, err := unix.Read(fd, buf[:])
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 			continue
 		}
-		return err == nil && m > 0 && len(strings.Fields(string(buf[:m]))) > 0
+		if err != nil {
+			return "", err // ECONNREFUSED, EHOSTUNREACH, ...
+		}
+		f := strings.Fields(string(buf[:m]))
+		if len(f) == 0 {
+			return "", fmt.Errorf("no line: %q", buf[:m])
+		}
+		return f[0], nil
 	}
 }

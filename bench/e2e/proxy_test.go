@@ -634,7 +634,8 @@ func coldStart(p *proc, nd *node, ld *load, n int, t0 time.Time) (time.Duration,
 
 // endpointChanges: W2. The probe Service has one endpoint per family; each
 // change replaces it (p0 ↔ p1) in one family's EndpointSlice and waits for
-// the first connection that reaches the new pod.
+// the first connection that reaches the new pod (poll.first: a new connection
+// every millisecond).
 func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 	// The probe may point at p1 after an earlier proxy's run.
 	for fi := range fams {
@@ -662,7 +663,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 		ch := make(chan res, 1)
 		go func() {
 			at, err := poll{dst: netip.AddrPortFrom(ld.probe[fi], svcPort), timeout: 100 * time.Millisecond,
-				interval: time.Millisecond, done: reaches(fmt.Sprintf("p%d", k))}.run(ctx, nd.client)
+				interval: time.Millisecond, done: reaches(fmt.Sprintf("p%d", k))}.first(ctx, nd.client)
 			ch <- res{at, err}
 		}()
 		s0, ok0 := p.procSched()
@@ -700,9 +701,9 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 
 // serviceAddDelete: W3. A ClusterIP Service with 10 real endpoints per
 // family is created (Service, then its two slices) until both ClusterIPs
-// answer, then deleted until both stop answering (two failed connections in
-// a row, so that one lost SYN is not taken for the deletion). The probes
-// start before the API calls that make the change (for an add: once the
+// answer, then deleted until both stop answering (two connections in a row
+// failed, so that one lost SYN is not taken for the deletion). The probes
+// (poll.first: a new connection every millisecond) start before the API calls that make the change (for an add: once the
 // Service exists, so its ClusterIPs are known, before its slices are created),
 // since a proxy may program the change before the last call returns. Each
 // change is also measured from the watch event it needs (the later of the
@@ -790,7 +791,8 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 			return []Row{failed(t, p, add, err, "create"), skipped(del)}
 		}
 		actErr, err := change(ctx, add, t0, s0, ok0, func() error { return ld.createSlices(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
-			return firstAnswer(ctx, nd.client, netip.AddrPortFrom(ips[fi], svcPort), time.Millisecond, 100*time.Millisecond)
+			return poll{dst: netip.AddrPortFrom(ips[fi], svcPort), timeout: 100 * time.Millisecond, interval: time.Millisecond,
+				done: answers}.first(ctx, nd.client)
 		}, func(fi int) (time.Time, error) {
 			s, err := ld.events.first("Service", name, watch.Added, t0)
 			if err != nil {
@@ -812,7 +814,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		t0 = time.Now()
 		actErr, err = change(ctx, del, t0, s0, ok0, func() error { return ld.deleteService(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
 			return poll{dst: netip.AddrPortFrom(ips[fi], svcPort), timeout: 200 * time.Millisecond, interval: time.Millisecond,
-				done: fails, confirm: 2}.run(ctx, nd.client)
+				done: fails, confirm: 2}.first(ctx, nd.client)
 		}, func(int) (time.Time, error) {
 			return ld.events.first("Service", name, watch.Deleted, t0)
 		}, &delLat, &delProxy, &delAPI, &delSlow)

@@ -1,0 +1,193 @@
+//go:build e2e && netns
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dsproxy/dsproxy/test/netns"
+)
+
+// slowServer serves "<name> <client>\n" on port (both families) in ns, each
+// reply delay after its accept, as a pod's server starved for a CPU would.
+// Each accept's time goes to the returned channel when nobody is behind on
+// it. The server stops when t ends.
+func slowServer(t *testing.T, ns *netns.NS, port uint16, delay time.Duration) <-chan time.Time {
+	t.Helper()
+	var ln net.Listener
+	if err := netns.RunIn(ns, func() error {
+		var err error
+		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	acc := make(chan time.Time, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case acc <- time.Now():
+			default:
+			}
+			wg.Go(func() {
+				defer c.Close()
+				time.Sleep(delay)
+				fmt.Fprintf(c, "%s %s\n", ns.Name, c.RemoteAddr())
+			})
+		}
+	})
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	return acc
+}
+
+// probeBoth runs poll.first from client to dst[fi] for both families at once
+// and returns their times.
+func probeBoth(ctx context.Context, client *netns.NS, dst [2]netip.AddrPort, p poll) ([2]time.Time, error) {
+	var at [2]time.Time
+	var errs [2]error
+	var wg sync.WaitGroup
+	for fi := range dst {
+		wg.Go(func() {
+			q := p
+			q.dst = dst[fi]
+			at[fi], errs[fi] = q.first(ctx, client)
+		})
+	}
+	wg.Wait()
+	return at, errors.Join(errs[:]...)
+}
+
+// TestPollFirst checks W2 and W3's probe: the time it returns for a change is
+// that of the first connection started after the change, whether the
+// connections before it waited for a slow server (the change: the node starts
+// rejecting new connections) or for a dropped SYN to time out (the change: the node stops dropping).
+// A probe that connects one at a time returns either change up to a whole
+// reply delay or timeout late.
+func TestPollFirst(t *testing.T) {
+	const slack, late = 10 * time.Millisecond, 40 * time.Millisecond
+	check := func(t *testing.T, what string, at [2]time.Time, t0, t1 time.Time) {
+		t.Helper()
+		for fi, a := range at {
+			t.Logf("%s, %s: seen %v after the change started (it took %v)", what, fams[fi].Name, a.Sub(t0).Round(10*time.Microsecond), t1.Sub(t0).Round(10*time.Microsecond))
+			if a.Before(t0.Add(-slack)) || a.After(t1.Add(late)) {
+				t.Errorf("%s, %s: seen at %v from the change's start, want within [-%v, %v + %v]", what, fams[fi].Name, a.Sub(t0), slack, t1.Sub(t0), late)
+			}
+		}
+	}
+	c := netns.New(t)
+	client, pod := c.AddPod("client"), c.AddPod("p0")
+	nft := func(t *testing.T, rules string) {
+		t.Helper()
+		if out, err := netns.ExecStdin(c.Node, strings.NewReader(rules), "nft", "-f", "-"); err != nil {
+			t.Fatalf("nft: %v\n%s", err, out)
+		}
+	}
+	dst := func(port uint16) [2]netip.AddrPort {
+		return [2]netip.AddrPort{netip.AddrPortFrom(pod.IPv4, port), netip.AddrPortFrom(pod.IPv6, port)}
+	}
+	pod.Serve(netns.TCP, podPort+11)
+	pod.Serve(netns.TCP, podPort+12)
+	fds0 := openFDs(t)
+
+	t.Run("stops answering, slow server", func(t *testing.T) {
+		const port, delay = podPort + 10, 150 * time.Millisecond
+		accepted := slowServer(t, pod, port, delay)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		type res struct {
+			at  [2]time.Time
+			err error
+		}
+		ch := make(chan res, 1)
+		go func() {
+			// A reply later than timeout counts as a failure: timeout leaves
+			// the slow server room under load.
+			at, err := probeBoth(ctx, client, dst(port), poll{timeout: time.Second, interval: time.Millisecond, done: fails, confirm: 2})
+			ch <- res{at, err}
+		}()
+		// The change comes 20 ms after an accept, while that connection
+		// waits for its reply: one connection at a time would see it only
+		// after delay.
+		time.Sleep(2 * delay)
+		for len(accepted) > 0 {
+			<-accepted
+		}
+		select {
+		case <-accepted:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no connection accepted in 5 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+		// Reject new connections in the node, as a deleted Service's rules
+		// are gone there, and keep those established (not closing the
+		// listener: that would reset connections still in its queue, which
+		// started before the change).
+		t0 := time.Now()
+		nft(t, fmt.Sprintf("table inet first-test {\n\tchain reject-new {\n\t\ttype filter hook forward priority 0;\n\t\tct state new tcp dport %d reject with tcp reset\n\t}\n}\n", port))
+		t1 := time.Now()
+		r := <-ch
+		nft(t, "delete table inet first-test\n")
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		check(t, "node rejects", r.at, t0, t1)
+	})
+
+	t.Run("starts answering, dropped SYNs", func(t *testing.T) {
+		const port = podPort + 11
+		nft(t, fmt.Sprintf("table inet first-test {\n\tchain drop-syn {\n\t\ttype filter hook forward priority 0;\n\t\ttcp dport %d drop\n\t}\n}\n", port))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		type res struct {
+			at  [2]time.Time
+			err error
+		}
+		ch := make(chan res, 1)
+		go func() {
+			at, err := probeBoth(ctx, client, dst(port), poll{timeout: 100 * time.Millisecond, interval: time.Millisecond, done: answers})
+			ch <- res{at, err}
+		}()
+		time.Sleep(170 * time.Millisecond)
+		t0 := time.Now()
+		nft(t, "delete table inet first-test\n")
+		t1 := time.Now()
+		r := <-ch
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		check(t, "drop removed", r.at, t0, t1)
+	})
+
+	t.Run("no change", func(t *testing.T) {
+		const port = podPort + 12
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, err := poll{dst: dst(port)[1], timeout: 100 * time.Millisecond, interval: time.Millisecond, done: fails, confirm: 2}.first(ctx, client)
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), dst(port)[1].String()) {
+			t.Fatalf("err = %v, want the deadline, naming %v", err, dst(port)[1])
+		}
+	})
+
+	// Every probe socket is closed once its connection finished: at most a
+	// timeout after first returned.
+	fds := openFDs(t)
+	for deadline := time.Now().Add(5 * time.Second); fds > fds0 && time.Now().Before(deadline); fds = openFDs(t) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if fds > fds0 {
+		t.Errorf("%d file descriptors open 5 s after the probes, %d before", fds, fds0)
+	}
+}
