@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -438,36 +439,27 @@ var errNoAnswer = errors.New("no answer")
 
 // awaitLine waits until deadline for fd's connection to complete and the
 // server's "<pod> <client>" line to arrive, closes fd, and returns the pod name.
+// It waits in Go's network poller, not in a blocking poll(2): hundreds of
+// probe connections blocked in system calls would hold the Ps their
+// goroutines ran on until sysmon takes them back, up to 20 ms, and stall the
+// rest of the benchmark (its API calls and watch) meanwhile.
 func awaitLine(fd int, deadline time.Time) (string, error) {
-	defer unix.Close(fd)
-	for {
-		ms := int(time.Until(deadline).Milliseconds())
-		if ms <= 0 {
-			return "", errNoAnswer
-		}
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(pfd, ms)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return "", err
-		}
-		if n == 0 {
-			return "", errNoAnswer
-		}
-		var buf [64]byte
-		m, err := unix.Read(fd, buf[:])
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return "", err // ECONNREFUSED, EHOSTUNREACH, ...
-		}
-		f := strings.Fields(string(buf[:m]))
-		if len(f) == 0 {
-			return "", fmt.Errorf("no line: %q", buf[:m])
-		}
-		return f[0], nil
+	f := os.NewFile(uintptr(fd), "probe") // non-blocking: pollable
+	defer f.Close()
+	if err := f.SetReadDeadline(deadline); err != nil {
+		return "", err
 	}
+	var buf [64]byte
+	m, err := f.Read(buf[:])
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return "", errNoAnswer
+	case err != nil:
+		return "", err // ECONNREFUSED, EHOSTUNREACH, EOF, ...
+	}
+	f0 := strings.Fields(string(buf[:m]))
+	if len(f0) == 0 {
+		return "", fmt.Errorf("no line: %q", buf[:m])
+	}
+	return f0[0], nil
 }
