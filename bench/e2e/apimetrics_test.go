@@ -1,0 +1,96 @@
+//go:build e2e && netns
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/kubernetes"
+)
+
+// apiHist is the sum and count of one of the API server's histograms,
+// summed over the series it selects.
+type apiHist struct{ sum, count float64 }
+
+// apiCreateMetrics are the API server's figures for W3's Service creates:
+// every POST of a Service (its whole request), and every ClusterIP
+// allocation (one per family and Service, inside the POST).
+type apiCreateMetrics struct {
+	post, alloc apiHist
+}
+
+const (
+	metricRequestDuration = "apiserver_request_duration_seconds"
+	metricAllocDuration   = "kube_apiserver_clusterip_allocator_allocation_duration_seconds"
+)
+
+// readAPICreateMetrics reads the API server's /metrics.
+func readAPICreateMetrics(ctx context.Context, client kubernetes.Interface) (apiCreateMetrics, error) {
+	raw, err := client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return apiCreateMetrics{}, fmt.Errorf("API server metrics: %w", err)
+	}
+	return parseAPICreateMetrics(raw)
+}
+
+func parseAPICreateMetrics(raw []byte) (apiCreateMetrics, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		return apiCreateMetrics{}, fmt.Errorf("API server metrics: %w", err)
+	}
+	var m apiCreateMetrics
+	var found [2]bool
+	m.post, found[0] = histSum(fams[metricRequestDuration], map[string]string{"verb": "POST", "resource": "services", "subresource": ""})
+	m.alloc, found[1] = histSum(fams[metricAllocDuration], nil)
+	switch {
+	case !found[0]:
+		return m, fmt.Errorf("API server metrics: no %s for POST services", metricRequestDuration)
+	case !found[1]:
+		return m, fmt.Errorf("API server metrics: no %s", metricAllocDuration)
+	}
+	return m, nil
+}
+
+// histSum sums the histograms of f whose labels include want (a label absent
+// from a series counts as ""). found is false when f is not a histogram
+// family or no series matched.
+func histSum(f *dto.MetricFamily, want map[string]string) (h apiHist, found bool) {
+	if f == nil || f.GetType() != dto.MetricType_HISTOGRAM {
+		return h, false
+	}
+	for _, s := range f.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range s.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		match := true
+		for k, v := range want {
+			if labels[k] != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			h.sum += s.GetHistogram().GetSampleSum()
+			h.count += float64(s.GetHistogram().GetSampleCount())
+			found = true
+		}
+	}
+	return h, found
+}
+
+// mean is the mean of the observations between a and b (b later), 0 when
+// there were none.
+func (a apiHist) mean(b apiHist) time.Duration {
+	if n := b.count - a.count; n > 0 {
+		return time.Duration((b.sum - a.sum) / n * float64(time.Second))
+	}
+	return 0
+}
