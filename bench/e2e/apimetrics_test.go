@@ -18,11 +18,12 @@ import (
 // summed over the series it selects.
 type apiHist struct{ sum, count float64 }
 
-// apiCreateMetrics are the API server's figures for W3's Service creates:
-// every POST of a Service (its whole request), and every ClusterIP
-// allocation (one per family and Service, inside the POST).
-type apiCreateMetrics struct {
-	post, alloc apiHist
+// apiW3Metrics are the API server's figures for W3's Services: every POST
+// and every DELETE of a Service (the whole request: a DELETE's includes
+// releasing the ClusterIPs, after the Service is gone from storage), and
+// every ClusterIP allocation (one per family and Service, inside the POST).
+type apiW3Metrics struct {
+	post, del, alloc apiHist
 }
 
 const (
@@ -30,24 +31,26 @@ const (
 	metricAllocDuration   = "kube_apiserver_clusterip_allocator_allocation_duration_seconds"
 )
 
-// readAPICreateMetrics reads the API server's /metrics.
-func readAPICreateMetrics(ctx context.Context, client kubernetes.Interface) (apiCreateMetrics, error) {
+// readAPIW3Metrics reads the API server's /metrics.
+func readAPIW3Metrics(ctx context.Context, client kubernetes.Interface) (apiW3Metrics, error) {
 	raw, err := client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
-		return apiCreateMetrics{}, fmt.Errorf("API server metrics: %w", err)
+		return apiW3Metrics{}, fmt.Errorf("API server metrics: %w", err)
 	}
-	return parseAPICreateMetrics(raw)
+	return parseAPIW3Metrics(raw)
 }
 
-func parseAPICreateMetrics(raw []byte) (apiCreateMetrics, error) {
+func parseAPIW3Metrics(raw []byte) (apiW3Metrics, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(bytes.NewReader(raw))
 	if err != nil {
-		return apiCreateMetrics{}, fmt.Errorf("API server metrics: %w", err)
+		return apiW3Metrics{}, fmt.Errorf("API server metrics: %w", err)
 	}
-	var m apiCreateMetrics
+	var m apiW3Metrics
 	var found [2]bool
 	m.post, found[0] = histSum(fams[metricRequestDuration], map[string]string{"verb": "POST", "resource": "services", "subresource": ""})
+	// No DELETE yet is no error: the first W3 reading comes before any.
+	m.del, _ = histSum(fams[metricRequestDuration], map[string]string{"verb": "DELETE", "resource": "services", "subresource": ""})
 	m.alloc, found[1] = histSum(fams[metricAllocDuration], nil)
 	switch {
 	case !found[0]:

@@ -711,7 +711,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 // a delete).
 func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) []Row {
 	cpu0, _, _, _ := p.stats()
-	api0, api0Err := readAPICreateMetrics(p.ctx, ld.client)
+	api0, api0Err := readAPIW3Metrics(p.ctx, ld.client)
 	var addLat, delLat, addProxy, delProxy, addAPI, delAPI []time.Duration
 	var addSlow, delSlow []slowChange
 	// change starts wait for both families, runs act, and collects: wait
@@ -776,14 +776,15 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		d.ProxyP50, d.ProxyP99 = p50p99(delProxy)
 		a.APIP50, a.APIP99 = p50p99(addAPI)
 		d.APIP50, d.APIP99 = p50p99(delAPI)
-		if api1, err := readAPICreateMetrics(p.ctx, ld.client); api0Err != nil || err != nil {
+		if api1, err := readAPIW3Metrics(p.ctx, ld.client); api0Err != nil || err != nil {
 			t.Logf("%s: %s: %v", p.spec, add.Workload, errors.Join(api0Err, err))
 		} else {
-			post, alloc := api0.post.mean(api1.post), api0.alloc.mean(api1.alloc)
-			ps, as := post.Seconds(), alloc.Seconds()
-			a.APIPostMean, a.APIAllocMean = &ps, &as
-			t.Logf("%s: %s: the API server's Service POST took %v on average (%.0f), its ClusterIP allocations %v each (%.0f, one per family)",
-				p.spec, add.Workload, post.Round(10*time.Microsecond), api1.post.count-api0.post.count, alloc.Round(10*time.Microsecond), api1.alloc.count-api0.alloc.count)
+			post, alloc, del := api0.post.mean(api1.post), api0.alloc.mean(api1.alloc), api0.del.mean(api1.del)
+			ps, as, ds := post.Seconds(), alloc.Seconds(), del.Seconds()
+			a.APIRequestMean, a.APIAllocMean, d.APIRequestMean = &ps, &as, &ds
+			t.Logf("%s: %s: the API server's Service POST took %v on average (%.0f), its ClusterIP allocations %v each (%.0f, one per family); Service DELETE %v (%.0f)",
+				p.spec, add.Workload, post.Round(10*time.Microsecond), api1.post.count-api0.post.count, alloc.Round(10*time.Microsecond), api1.alloc.count-api0.alloc.count,
+				del.Round(10*time.Microsecond), api1.del.count-api0.del.count)
 		}
 		t.Logf("%s: %s, slowest event → kernel: %s", p.spec, add.Workload, slowest(addSlow, 5))
 		t.Logf("%s: %s, slowest event → kernel: %s", p.spec, del.Workload, slowest(delSlow, 5))

@@ -45,14 +45,16 @@ type Row struct {
 	// for the machine's load). Absent for other rows.
 	APIP50 *float64 `json:"api_p50_seconds,omitempty"`
 	APIP99 *float64 `json:"api_p99_seconds,omitempty"`
-	// APIPostMean and APIAllocMean (W3 add) are the API server's own figures
-	// over the workload, from its metrics: the mean Service POST, and the
-	// mean ClusterIP allocation inside it (one per family). Absent for other
-	// rows and when the metrics could not be read.
-	APIPostMean  *float64 `json:"api_service_post_mean_seconds,omitempty"`
-	APIAllocMean *float64 `json:"api_clusterip_allocation_mean_seconds,omitempty"`
-	CPU          float64  `json:"cpu_seconds"`
-	RSSMiB       float64  `json:"peak_rss_mib"`
+	// APIRequestMean (W3) is the API server's own mean of the workload's
+	// Service requests, from its metrics: POSTs for adds, DELETEs (which
+	// release the ClusterIPs after the Service is gone) for deletes.
+	// APIAllocMean (W3 add) is its mean ClusterIP allocation (one per family,
+	// inside the POST). Absent for other rows and when the metrics could not
+	// be read.
+	APIRequestMean *float64 `json:"api_request_mean_seconds,omitempty"`
+	APIAllocMean   *float64 `json:"api_clusterip_allocation_mean_seconds,omitempty"`
+	CPU            float64  `json:"cpu_seconds"`
+	RSSMiB         float64  `json:"peak_rss_mib"`
 	// EndRSSMiB is the RSS (VmRSS) at the end of the workload: after W1 the
 	// programmed proxy's, after W2/W3 its steady state. Absent when not measured.
 	EndRSSMiB *float64 `json:"end_rss_mib,omitempty"`
