@@ -518,7 +518,11 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 
 	settle(t, "W2")
 	rows = append(rows, endpointChanges(t, p, nd, ld, row("W2 endpoint change")))
+	api0, pairs0 := apiserverCPU(cp), ld.w3
 	rows = append(rows, serviceAddDelete(t, p, nd, ld, row("W3 service add"), row("W3 service delete"))...)
+	if api1, pairs := apiserverCPU(cp), ld.w3-pairs0; api0 >= 0 && api1 >= 0 && pairs > 0 {
+		t.Logf("%s: kube-apiserver CPU over W3: %.2f s, %.1f ms per Service added and deleted (%d)", p.spec, api1-api0, (api1-api0)*1e3/float64(pairs), pairs)
+	}
 
 	probe := ld.sample(n)[0]
 	targets := []netip.Addr{ld.ips[probe][0], ld.ips[probe][1]}
