@@ -51,6 +51,7 @@ var (
 	flagDSArgs    = flag.String("dsproxy-args", "", "extra dsproxy arguments, space-separated (e.g. \"-v=2\" to log every sync)")
 	flagDSEnv     = flag.String("dsproxy-env", "", "extra environment for dsproxy, space-separated KEY=VALUE (e.g. \"GOMAXPROCS=1\")")
 	flagProfiles  = flag.String("profiles", "", "directory for a heap profile of dsproxy once programmed (W1), per size; runs dsproxy with --profiling")
+	flagRulesets  = flag.String("rulesets", "", "a directory: after W1, each proxy's node ruleset (nft list ruleset) is saved there as ruleset-<proxy>-<mode>-<services>.nft")
 	flagEtcd      = flag.String("etcd", "kubernetes", "etcd of the control plane: \"kubernetes\" (the version Kubernetes v1.36 requires, built by hack/controlplane/build-etcd.sh; informers stream their initial list as in real clusters) or \"debian\" (etcd-server from PATH, 3.4: no streaming lists, informers LIST)")
 	flagBin       = flag.String("dsproxy-bin", "", "prebuilt dsproxy binary (default: go build ./cmd/dsproxy)")
 	flagSpread    = flag.Int("count-spread", 0, "endpoints per family: 0 gives every Service 10; K (2 … 64) gives Service i 1+i%K and the real ones (W1's and W4's targets) K, so that W4's ClusterIP is in the last of K endpoint-count groups (needs K server pods per node)")

@@ -505,6 +505,16 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 		t.Logf("%s: W1 over %d starts: p50 %.2f s, max %.2f s", spec, len(starts), w1.P50, w1.Max)
 	}
 	rows = append(rows, w1)
+	if *flagRulesets != "" {
+		file := filepath.Join(*flagRulesets, fmt.Sprintf("ruleset-%s-%s-%d.nft", spec.Name, spec.Mode, n))
+		if out, err := netns.Exec(nd.c.Node, "nft", "list", "ruleset"); err != nil {
+			t.Errorf("ruleset: %v: %s", err, out)
+		} else if err := os.WriteFile(file, []byte(out), 0o644); err != nil {
+			t.Errorf("ruleset: %v", err)
+		} else {
+			t.Logf("ruleset of the programmed node: %s", file)
+		}
+	}
 	if *flagProfiles != "" && spec.Name == "dsproxy" {
 		// The live heap once programmed (after a GC), with what was allocated
 		// on the way (-sample_index=alloc_space).
