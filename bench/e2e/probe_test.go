@@ -441,8 +441,9 @@ var errNoAnswer = errors.New("no answer")
 // server's "<pod> <client>" line to arrive, closes fd, and returns the pod name.
 // It waits in Go's network poller, not in a blocking poll(2): hundreds of
 // probe connections blocked in system calls would hold the Ps their
-// goroutines ran on until sysmon takes them back, up to 20 ms, and stall the
-// rest of the benchmark (its API calls and watch) meanwhile.
+// goroutines ran on until the runtime's sysmon takes them back (it sleeps up
+// to 10 ms between checks), and could stall the rest of the benchmark (its
+// API calls and watch) meanwhile.
 func awaitLine(fd int, deadline time.Time) (string, error) {
 	f := os.NewFile(uintptr(fd), "probe") // non-blocking: pollable
 	defer f.Close()
