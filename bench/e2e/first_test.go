@@ -53,21 +53,34 @@ func slowServer(t *testing.T, ns *netns.NS, port uint16, delay time.Duration) <-
 	return acc
 }
 
-// probeBoth runs poll.first from client to dst[fi] for both families at once
-// and returns their times.
-func probeBoth(ctx context.Context, client *netns.NS, dst [2]netip.AddrPort, p poll) ([2]time.Time, error) {
-	var at [2]time.Time
-	var errs [2]error
-	var wg sync.WaitGroup
-	for fi := range dst {
-		wg.Go(func() {
-			q := p
-			q.dst = dst[fi]
-			at[fi], errs[fi] = q.first(ctx, client)
-		})
-	}
-	wg.Wait()
-	return at, errors.Join(errs[:]...)
+// probed is what probeBoth sends: both families' times, or their errors.
+type probed struct {
+	at  [2]time.Time
+	err error
+}
+
+// probeBoth starts poll.first from client to dst[fi] for both families at
+// once, for up to 10 s; the channel gets their times.
+func probeBoth(client *netns.NS, dst [2]netip.AddrPort, p poll) <-chan probed {
+	ch := make(chan probed, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var r probed
+		var errs [2]error
+		var wg sync.WaitGroup
+		for fi := range dst {
+			wg.Go(func() {
+				q := p
+				q.dst = dst[fi]
+				r.at[fi], errs[fi] = q.first(ctx, client)
+			})
+		}
+		wg.Wait()
+		r.err = errors.Join(errs[:]...)
+		ch <- r
+	}()
+	return ch
 }
 
 // TestPollFirst checks W2 and W3's probe: the time it returns for a change is
@@ -105,19 +118,9 @@ func TestPollFirst(t *testing.T) {
 	t.Run("stops answering, slow server", func(t *testing.T) {
 		const port, delay = podPort + 10, 150 * time.Millisecond
 		accepted := slowServer(t, pod, port, delay)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		type res struct {
-			at  [2]time.Time
-			err error
-		}
-		ch := make(chan res, 1)
-		go func() {
-			// A reply later than timeout counts as a failure: timeout leaves
-			// the slow server room under load.
-			at, err := probeBoth(ctx, client, dst(port), poll{timeout: time.Second, interval: time.Millisecond, done: fails, confirm: 2})
-			ch <- res{at, err}
-		}()
+		// A reply later than timeout counts as a failure: timeout leaves the
+		// slow server room under load.
+		ch := probeBoth(client, dst(port), poll{timeout: time.Second, interval: time.Millisecond, done: fails, confirm: 2})
 		// The change comes 20 ms after an accept, while that connection
 		// waits for its reply: one connection at a time would see it only
 		// after delay.
@@ -149,17 +152,7 @@ func TestPollFirst(t *testing.T) {
 	t.Run("starts answering, dropped SYNs", func(t *testing.T) {
 		const port = podPort + 11
 		nft(t, fmt.Sprintf("table inet first-test {\n\tchain drop-syn {\n\t\ttype filter hook forward priority 0;\n\t\ttcp dport %d drop\n\t}\n}\n", port))
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		type res struct {
-			at  [2]time.Time
-			err error
-		}
-		ch := make(chan res, 1)
-		go func() {
-			at, err := probeBoth(ctx, client, dst(port), poll{timeout: 100 * time.Millisecond, interval: time.Millisecond, done: answers})
-			ch <- res{at, err}
-		}()
+		ch := probeBoth(client, dst(port), poll{timeout: 100 * time.Millisecond, interval: time.Millisecond, done: answers})
 		time.Sleep(170 * time.Millisecond)
 		t0 := time.Now()
 		nft(t, "delete table inet first-test\n")
