@@ -184,3 +184,51 @@ func TestPollFirst(t *testing.T) {
 		t.Errorf("%d file descriptors open 5 s after the probes, %d before", fds, fds0)
 	}
 }
+
+// TestRuns checks poll.first's bookkeeping: connections finish in any order,
+// and the earliest run of confirm that saw the change counts only once every
+// connection before it finished.
+func TestRuns(t *testing.T) {
+	type step struct {
+		id  int
+		saw bool
+	}
+	for _, c := range []struct {
+		name     string
+		confirm  int
+		started  int
+		steps    []step
+		want     int  // the run's first connection, -1: none yet
+		complete bool // a run has finished
+	}{
+		{"one, in order", 1, 3, []step{{0, false}, {1, true}}, 1, true},
+		{"one, a later one first: waits for the earlier", 1, 3, []step{{2, true}}, -1, true},
+		{"one, the earlier one saw it too", 1, 3, []step{{2, true}, {0, false}, {1, true}}, 1, true},
+		{"one, the earlier one did not", 1, 3, []step{{2, true}, {1, false}, {0, false}}, 2, true},
+		{"two, a lone one is no run", 2, 4, []step{{0, true}, {1, false}, {2, true}}, -1, false},
+		{"two in a row", 2, 4, []step{{0, true}, {1, false}, {2, true}, {3, true}}, 2, true},
+		{"two, out of order", 2, 4, []step{{3, true}, {2, true}, {1, false}, {0, false}}, 2, true},
+		{"two, an earlier run completes later", 2, 5, []step{{3, true}, {4, true}, {0, true}, {1, true}}, 0, true},
+		{"two, the last started waits for the next", 2, 3, []step{{0, false}, {1, false}, {2, true}}, -1, false},
+		{"none saw it", 2, 3, []step{{0, false}, {1, false}, {2, false}}, -1, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := runs{confirm: c.confirm}
+			for range c.started {
+				r.start()
+			}
+			got := -1
+			for _, s := range c.steps {
+				if got >= 0 {
+					t.Fatalf("finish after the run was found at %d", got)
+				}
+				if id, ok := r.finish(s.id, s.saw); ok {
+					got = id
+				}
+			}
+			if got != c.want || r.complete != c.complete {
+				t.Errorf("run from %d, complete %v; want %d, %v", got, r.complete, c.want, c.complete)
+			}
+		})
+	}
+}

@@ -329,7 +329,6 @@ func connectSocket(fd int, dst netip.AddrPort) (time.Duration, error) {
 // finished (resolution: interval). Sockets are made on ns's locked thread, so
 // they belong to its network namespace; waiting on them needs no namespace.
 func (p poll) first(ctx context.Context, ns *netns.NS) (time.Time, error) {
-	confirm := max(1, p.confirm)
 	type result struct {
 		id  int
 		saw bool
@@ -339,24 +338,16 @@ func (p poll) first(ctx context.Context, ns *netns.NS) (time.Time, error) {
 		results := make(chan result)
 		stop := make(chan struct{})
 		defer close(stop)
-		var (
-			starts []time.Time
-			saw    []int8 // per connection: 0 waiting, 1 saw the change, -1 did not
-			// lo: every connection before lo finished, and no run of confirm
-			// starts there.
-			lo int
-			// complete: a run of confirm has finished; no connection started
-			// from now on can come before it.
-			complete bool
-		)
+		var starts []time.Time
+		rs := runs{confirm: max(1, p.confirm)}
 		connect := func() error {
 			start := time.Now()
 			fd, err := connectNonblocking(p.dst)
 			if err != nil {
 				return fmt.Errorf("connect %v: %w", p.dst, err)
 			}
-			id := len(starts)
-			starts, saw = append(starts, start), append(saw, 0)
+			id := rs.start()
+			starts = append(starts, start)
 			go func() {
 				srv, err := awaitLine(fd, start.Add(p.timeout))
 				select {
@@ -376,47 +367,76 @@ func (p poll) first(ctx context.Context, ns *netns.NS) (time.Time, error) {
 			case <-ctx.Done():
 				return fmt.Errorf("%v: %w", p.dst, context.Cause(ctx))
 			case <-tick.C:
-				if !complete {
+				if !rs.complete {
 					if err := connect(); err != nil {
 						return err
 					}
 				}
 			case r := <-results:
-				saw[r.id] = -1
-				if r.saw {
-					saw[r.id] = 1
-					n := 1
-					for j := r.id - 1; j >= 0 && saw[j] == 1 && n < confirm; j-- {
-						n++
-					}
-					for j := r.id + 1; j < len(saw) && saw[j] == 1 && n < confirm; j++ {
-						n++
-					}
-					complete = complete || n >= confirm
-				}
-				for lo < len(saw) && saw[lo] != 0 {
-					if saw[lo] < 0 {
-						lo++
-						continue
-					}
-					end := lo
-					for end < lo+confirm && end < len(saw) && saw[end] == 1 {
-						end++
-					}
-					if end == lo+confirm {
-						at = starts[lo]
-						return nil
-					}
-					if end < len(saw) && saw[end] < 0 {
-						lo = end + 1
-						continue
-					}
-					break // the run from lo waits for a connection
+				if id, ok := rs.finish(r.id, r.saw); ok {
+					at = starts[id]
+					return nil
 				}
 			}
 		}
 	})
 	return at, err
+}
+
+// runs follows a probe's connections in the order they started, as they
+// finish in any order, for the earliest run of confirm consecutive
+// connections that all saw the change.
+type runs struct {
+	confirm int
+	saw     []int8 // per connection: 0 waiting, 1 saw the change, -1 did not
+	// lo: every connection before lo finished, and no run starts there.
+	lo int
+	// complete: some run has finished, so a connection started from now on
+	// cannot start the earliest one.
+	complete bool
+}
+
+// start adds a connection and returns its id.
+func (r *runs) start() int {
+	r.saw = append(r.saw, 0)
+	return len(r.saw) - 1
+}
+
+// finish records connection id's outcome. Once the earliest run is known
+// (every connection before it finished) it returns the run's first
+// connection and true.
+func (r *runs) finish(id int, saw bool) (int, bool) {
+	r.saw[id] = -1
+	if saw {
+		r.saw[id] = 1
+		n := 1
+		for j := id - 1; j >= 0 && r.saw[j] == 1 && n < r.confirm; j-- {
+			n++
+		}
+		for j := id + 1; j < len(r.saw) && r.saw[j] == 1 && n < r.confirm; j++ {
+			n++
+		}
+		r.complete = r.complete || n >= r.confirm
+	}
+	for r.lo < len(r.saw) && r.saw[r.lo] != 0 {
+		if r.saw[r.lo] < 0 {
+			r.lo++
+			continue
+		}
+		end := r.lo
+		for end < r.lo+r.confirm && end < len(r.saw) && r.saw[end] == 1 {
+			end++
+		}
+		if end == r.lo+r.confirm {
+			return r.lo, true
+		}
+		if end < len(r.saw) && r.saw[end] < 0 {
+			r.lo = end + 1
+			continue
+		}
+		break // the run from lo waits for a connection
+	}
+	return 0, false
 }
 
 // connectNonblocking starts a TCP connection to dst and returns its socket. The

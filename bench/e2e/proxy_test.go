@@ -717,9 +717,10 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 // family is created (Service, then its two slices) until both ClusterIPs
 // answer, then deleted until both stop answering (two connections in a row
 // failed, so that one lost SYN is not taken for the deletion). The probes
-// (poll.first: a new connection every millisecond) start before the API calls that make the change (for an add: once the
-// Service exists, so its ClusterIPs are known, before its slices are created),
-// since a proxy may program the change before the last call returns. Each
+// (poll.first: a new connection every millisecond) start before the API
+// calls that make the change (for an add: once the Service exists, so its
+// ClusterIPs are known, before its slices are created), since a proxy may
+// program the change before the last call returns. Each
 // change is also measured from the watch event it needs (the later of the
 // Service's and the family's slice's for an add, the Service's deletion for
 // a delete).
