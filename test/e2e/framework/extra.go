@@ -42,6 +42,20 @@ func (cp *ControlPlane) APIServerPID() (int, error) {
 	return pid, err
 }
 
+// ProcessPIDs returns the pids of the running etcd, kube-apiserver and
+// kube-controller-manager recorded by up.sh, by name.
+func (cp *ControlPlane) ProcessPIDs() (map[string]int, error) {
+	out := map[string]int{}
+	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
+		pid, _, err := cp.recordedProcess(name)
+		if err != nil {
+			return nil, err
+		}
+		out[name] = pid
+	}
+	return out, nil
+}
+
 func (cp *ControlPlane) recordedProcess(name string) (int, []string, error) {
 	b, err := os.ReadFile(filepath.Join(cp.RunDir, name+".pid"))
 	if err != nil {
