@@ -10,9 +10,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -73,6 +75,44 @@ type load struct {
 	events *eventLog
 }
 
+// awaitEarlierLoads waits until the namespaces of earlier runs' loads that are
+// being deleted are gone: kube-controller-manager deletes their Services one by
+// one (minutes at 10k), and until it has, their NodePorts and ClusterIPs are
+// still allocated, so a new load of the same size would find the NodePort range
+// full.
+func awaitEarlierLoads(t testing.TB, client kubernetes.Interface) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	nss, err := client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, ns := range nss.Items {
+		if !strings.HasPrefix(ns.Name, "bench-") || ns.DeletionTimestamp == nil {
+			continue
+		}
+		start := time.Now()
+		for {
+			svcs, err := client.CoreV1().Services(ns.Name).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+			if err != nil {
+				return fmt.Errorf("namespace %s of an earlier run, being deleted: %w", ns.Name, err)
+			}
+			if _, err := client.CoreV1().Namespaces().Get(ctx, ns.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+				break
+			} else if err != nil {
+				return err
+			}
+			t.Logf("namespace %s of an earlier run is being deleted: %d Services left (waiting %v)", ns.Name, len(svcs.Items), time.Since(start).Round(time.Second))
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("namespace %s of an earlier run still there after %v", ns.Name, time.Since(start).Round(time.Second))
+			case <-time.After(10 * time.Second):
+			}
+		}
+	}
+	return nil
+}
+
 func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int, spread int) (*load, error) {
 	if err := checkSpread(spread); err != nil {
 		return nil, err
@@ -85,6 +125,9 @@ func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int, spread int) 
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := awaitEarlierLoads(t, client); err != nil {
 		return nil, err
 	}
 	l := &load{
