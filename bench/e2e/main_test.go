@@ -57,7 +57,7 @@ var (
 	flagSpread    = flag.Int("count-spread", 0, "endpoints per family: 0 gives every Service 10; K (2 … 64) gives Service i 1+i%K and the real ones (W1's and W4's targets) K, so that W4's ClusterIP is in the last of K endpoint-count groups (needs K server pods per node)")
 	flagRender    = flag.String("render", "", "TestRender: an earlier results.json to write again with this version's report (ratios, targets, plot) into -out, measuring nothing")
 	flagCPCPU     = flag.String("control-plane-cpu", "shared", "\"shared\": etcd, kube-apiserver and kube-controller-manager compete for the CPUs with the node side (proxy, pods, probe) as equals; \"background\": they get the least CPU weight of a cgroup and run on what the node side leaves, as if on machines of their own")
-	flagSettle    = flag.Duration("settle", 90*time.Second, "before the no-proxy baseline and before W2: wait up to this long for the machine to go quiet (0: do not wait)")
+	flagSettle    = flag.Duration("settle", 90*time.Second, "before the no-proxy baseline, before W2 and before W4: wait up to this long for the machine to go quiet (0: do not wait)")
 )
 
 func TestMain(m *testing.M) { framework.Main(m) }

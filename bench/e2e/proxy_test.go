@@ -537,6 +537,10 @@ func runProxy(t *testing.T, cp *framework.ControlPlane, ld *load, bins binaries,
 			p.spec, api1-api0, wall.Seconds(), 100*(api1-api0)/wall.Seconds(), pairs)
 	}
 
+	// After W3 the API server is still releasing the last Service's ClusterIPs
+	// (its allocator's lists, see bench/apialloc), and a slow proxy may still be
+	// syncing: W4's connects should not share the CPUs with that.
+	settle(t, "W4")
 	probe := ld.sample(n)[0]
 	targets := []netip.Addr{ld.ips[probe][0], ld.ips[probe][1]}
 	// The W2 probe Service has one endpoint per family (a server pod): with
