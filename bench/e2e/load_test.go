@@ -80,8 +80,8 @@ type load struct {
 // one (minutes at 10k), and until it has, their NodePorts and ClusterIPs are
 // still allocated, so a new load of the same size would find the NodePort range
 // full.
-func awaitEarlierLoads(t testing.TB, client kubernetes.Interface) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+func awaitEarlierLoads(ctx context.Context, logf func(string, ...any), client kubernetes.Interface) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
 	nss, err := client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -93,19 +93,23 @@ func awaitEarlierLoads(t testing.TB, client kubernetes.Interface) error {
 		}
 		start := time.Now()
 		for {
-			svcs, err := client.CoreV1().Services(ns.Name).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+			svcs, err := client.CoreV1().Services(ns.Name).List(ctx, metav1.ListOptions{Limit: 1})
 			if err != nil {
 				return fmt.Errorf("namespace %s of an earlier run, being deleted: %w", ns.Name, err)
+			}
+			left := int64(len(svcs.Items))
+			if r := svcs.RemainingItemCount; r != nil {
+				left += *r
 			}
 			if _, err := client.CoreV1().Namespaces().Get(ctx, ns.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 				break
 			} else if err != nil {
 				return err
 			}
-			t.Logf("namespace %s of an earlier run is being deleted: %d Services left (waiting %v)", ns.Name, len(svcs.Items), time.Since(start).Round(time.Second))
+			logf("namespace %s of an earlier run is being deleted: %d Services left (waiting %v)", ns.Name, left, time.Since(start).Round(time.Second))
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("namespace %s of an earlier run still there after %v", ns.Name, time.Since(start).Round(time.Second))
+				return fmt.Errorf("namespace %s of an earlier run still there after %v, %d Services left (hack/controlplane/down.sh, and the next run starts on an empty etcd)", ns.Name, time.Since(start).Round(time.Second), left)
 			case <-time.After(10 * time.Second):
 			}
 		}
@@ -127,7 +131,7 @@ func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int, spread int) 
 	if err != nil {
 		return nil, err
 	}
-	if err := awaitEarlierLoads(t, client); err != nil {
+	if err := awaitEarlierLoads(context.Background(), t.Logf, client); err != nil {
 		return nil, err
 	}
 	l := &load{

@@ -43,15 +43,15 @@ func (cp *ControlPlane) APIServerPID() (int, error) {
 }
 
 // ProcessPIDs returns the pids of the running etcd, kube-apiserver and
-// kube-controller-manager recorded by up.sh, by name.
-func (cp *ControlPlane) ProcessPIDs() (map[string]int, error) {
-	out := map[string]int{}
+// kube-controller-manager recorded by up.sh.
+func (cp *ControlPlane) ProcessPIDs() ([]int, error) {
+	var out []int
 	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
 		pid, _, err := cp.recordedProcess(name)
 		if err != nil {
 			return nil, err
 		}
-		out[name] = pid
+		out = append(out, pid)
 	}
 	return out, nil
 }
