@@ -233,6 +233,14 @@ func TestCPUGroup(t *testing.T) {
 	if err != nil {
 		t.Skipf("-control-plane-cpu=background cannot work here: %v", err)
 	}
+	// Groups of runs of this test that were killed before their cleanup.
+	if stale, err := filepath.Glob(filepath.Join(h.root, "dsproxy-bench-test-*")); err == nil {
+		for _, dir := range stale {
+			if err := removeGroup(h, filepath.Base(dir)); err != nil {
+				t.Logf("stale group %s: %v", dir, err)
+			}
+		}
+	}
 	var own unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &own); err != nil {
 		t.Fatal(err)
@@ -247,6 +255,9 @@ func TestCPUGroup(t *testing.T) {
 	one.Set(cpu)
 	loop := func() int {
 		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		// A test binary killed before its cleanup must not leave the loops
+		// spinning on the host.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
