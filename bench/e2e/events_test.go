@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +25,9 @@ import (
 type eventLog struct {
 	mu  sync.Mutex
 	evs []event
+	// sched, while set (see arm), is read as each event arrives: what the
+	// scheduler had accounted to etcd and kube-apiserver by then.
+	sched atomic.Pointer[func() (schedStat, bool)]
 }
 
 type event struct {
@@ -31,6 +35,18 @@ type event struct {
 	kind string // "Service" or "EndpointSlice"
 	name string
 	typ  watch.EventType
+	// cp is the control plane's schedStat when the event arrived; cpOK is
+	// false if the log was not armed then or the read failed.
+	cp   schedStat
+	cpOK bool
+}
+
+// arm makes the log read sched as each event arrives, until disarm is called.
+// It costs a read of every control-plane thread's schedstat per event, so
+// the load (tens of thousands of events) runs disarmed.
+func (l *eventLog) arm(sched func() (schedStat, bool)) (disarm func()) {
+	l.sched.Store(&sched)
+	return func() { l.sched.Store(nil) }
 }
 
 // watchEvents starts recording Service and EndpointSlice events in namespace ns
@@ -73,8 +89,12 @@ func watchEvents(ctx context.Context, client kubernetes.Interface, ns string) (*
 					if name == "" {
 						continue // a bookmark or an error status
 					}
+					e := event{at: at, kind: w.kind, name: name, typ: ev.Type}
+					if sched := l.sched.Load(); sched != nil {
+						e.cp, e.cpOK = (*sched)()
+					}
 					l.mu.Lock()
-					l.evs = append(l.evs, event{at: at, kind: w.kind, name: name, typ: ev.Type})
+					l.evs = append(l.evs, e)
 					l.mu.Unlock()
 				}
 			}
@@ -104,33 +124,33 @@ func objectName(o runtime.Object) string {
 // first returns when the first event of typ about kind/name at or after after
 // arrived, waiting up to a second for it (the probe may see the kernel change
 // before this process's watch delivers it).
-func (l *eventLog) first(kind, name string, typ watch.EventType, after time.Time) (time.Time, error) {
+func (l *eventLog) first(kind, name string, typ watch.EventType, after time.Time) (event, error) {
 	deadline := time.Now().Add(time.Second)
 	for {
-		var at time.Time
+		var found event
 		l.mu.Lock()
 		for _, e := range l.evs {
-			if e.kind == kind && e.name == name && e.typ == typ && !e.at.Before(after) && (at.IsZero() || e.at.Before(at)) {
-				at = e.at
+			if e.kind == kind && e.name == name && e.typ == typ && !e.at.Before(after) && (found.at.IsZero() || e.at.Before(found.at)) {
+				found = e
 			}
 		}
 		l.mu.Unlock()
-		if !at.IsZero() {
-			return at, nil
+		if !found.at.IsZero() {
+			return found, nil
 		}
 		if time.Now().After(deadline) {
-			return time.Time{}, fmt.Errorf("no %s event for %s %s after %v", typ, kind, name, after.Format(time.RFC3339Nano))
+			return event{}, fmt.Errorf("no %s event for %s %s after %v", typ, kind, name, after.Format(time.RFC3339Nano))
 		}
 		time.Sleep(time.Millisecond)
 	}
 }
 
-// latest returns the latest of ts.
-func latest(ts ...time.Time) time.Time {
-	var m time.Time
-	for _, t := range ts {
-		if t.After(m) {
-			m = t
+// latest returns the event of es that arrived last.
+func latest(es ...event) event {
+	var m event
+	for _, e := range es {
+		if e.at.After(m.at) {
+			m = e
 		}
 	}
 	return m

@@ -669,6 +669,15 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 		}
 	}
 	cpu0, _, _, _ := p.stats()
+	// The watch reads the control plane's accounting as each event arrives:
+	// an event right behind another on the same watch is timed that much late.
+	readStart := time.Now()
+	if _, ok := ld.controlPlaneSched(); !ok {
+		t.Logf("%s: %s: etcd's and kube-apiserver's scheduler accounting cannot be read", p.spec, r.Workload)
+	} else {
+		t.Logf("%s: %s: etcd's and kube-apiserver's scheduler accounting read in %v", p.spec, r.Workload, time.Since(readStart).Round(time.Microsecond))
+	}
+	defer ld.events.arm(ld.controlPlaneSched)()
 	var lat, proxyLat, apiLat []time.Duration
 	var slow []slowChange
 	for c := range p.changes() {
@@ -687,7 +696,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 				interval: time.Millisecond, done: reaches(fmt.Sprintf("p%d", k))}.first(ctx, nd.client)
 			ch <- res{at, err}
 		}()
-		s0, ok0 := p.procSched()
+		s0 := takeSched(p, ld)
 		t0 := time.Now()
 		if err := ld.setProbe(ctx, fi, k); err != nil {
 			cancel()
@@ -707,14 +716,16 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 		if err != nil {
 			return partial(t, p, r, lat, cpu0, err, p.changes())
 		}
-		proxyLat = append(proxyLat, max(at.Sub(ev), 0))
-		apiLat = append(apiLat, ev.Sub(t0))
-		sc := slowChange{proxy: max(at.Sub(ev), 0), sched: s1.sub(s0), ok: ok0 && ok1}
+		proxyLat = append(proxyLat, max(at.Sub(ev.at), 0))
+		apiLat = append(apiLat, ev.at.Sub(t0))
+		sc := slowChange{proxy: max(at.Sub(ev.at), 0), sched: s1.sub(s0.proxy), ok: s0.proxyOK && ok1}
+		sc.setAPI(t0, s0, ev)
 		slow = append(slow, sc)
-		recordSample(p, r.Services, r.Workload, fams[fi].Name, t0, ev, at, sc)
+		recordSample(p, r.Services, r.Workload, fams[fi].Name, t0, ev.at, at, sc)
 		time.Sleep(*flagGap)
 	}
 	t.Logf("%s: %s, slowest event → kernel: %s", p.spec, r.Workload, slowest(slow, 5))
+	t.Logf("%s: %s, slowest call → event (what etcd and kube-apiserver ran and waited for a CPU meanwhile): %s", p.spec, r.Workload, slowestAPI(slow, 5))
 	r.ProxyP50, r.ProxyP99 = p50p99(proxyLat)
 	r.APIP50, r.APIP99 = p50p99(apiLat)
 	return finish(p, r, lat, cpu0)
@@ -733,14 +744,15 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 // a delete).
 func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) []Row {
 	cpu0, _, _, _ := p.stats()
+	defer ld.events.arm(ld.controlPlaneSched)()
 	api0, api0Err := readAPIW3Metrics(p.ctx, ld.client)
 	var addLat, delLat, addProxy, delProxy, addAPI, delAPI []time.Duration
 	var addSlow, delSlow []slowChange
 	// change starts wait for both families, runs act, and collects: wait
 	// returns when family fi saw the change, needed the watch event it
-	// depends on. s0 is the proxy's schedStat at t0.
-	change := func(ctx context.Context, row Row, t0 time.Time, s0 schedStat, ok0 bool, act func() error, wait func(ctx context.Context, fi int) (time.Time, error),
-		needed func(fi int) (time.Time, error), lat, proxy, api *[]time.Duration, slow *[]slowChange) (actErr, err error) {
+	// depends on. s0 is the scheduler's accounting at t0.
+	change := func(ctx context.Context, row Row, t0 time.Time, s0 schedSnap, act func() error, wait func(ctx context.Context, fi int) (time.Time, error),
+		needed func(fi int) (event, error), lat, proxy, api *[]time.Duration, slow *[]slowChange) (actErr, err error) {
 		type res struct {
 			at  time.Time
 			err error
@@ -767,18 +779,25 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 			rs[fi] = <-ch[fi]
 		}
 		s1, ok1 := p.procSched()
-		sc := slowChange{sched: s1.sub(s0), ok: ok0 && ok1}
+		sc := slowChange{sched: s1.sub(s0.proxy), ok: s0.proxyOK && ok1}
 		var errs []error
 		for fi := range fams {
 			r := rs[fi]
 			if r.err == nil {
-				var ev time.Time
+				var ev event
 				if ev, r.err = needed(fi); r.err == nil {
 					*lat = append(*lat, r.at.Sub(t0))
-					*proxy = append(*proxy, max(r.at.Sub(ev), 0))
-					*api = append(*api, ev.Sub(t0))
-					sc.proxy = max(sc.proxy, r.at.Sub(ev))
-					recordSample(p, row.Services, row.Workload, fams[fi].Name, t0, ev, r.at, sc)
+					*proxy = append(*proxy, max(r.at.Sub(ev.at), 0))
+					*api = append(*api, ev.at.Sub(t0))
+					sc.proxy = max(sc.proxy, r.at.Sub(ev.at))
+					// The sample has this family's control-plane window,
+					// the change the slower family's.
+					fsc := sc
+					fsc.setAPI(t0, s0, ev)
+					if fsc.api > sc.api {
+						sc.api, sc.cp, sc.cpOK = fsc.api, fsc.cp, fsc.cpOK
+					}
+					recordSample(p, row.Services, row.Workload, fams[fi].Name, t0, ev.at, r.at, fsc)
 				}
 			}
 			errs = append(errs, r.err)
@@ -810,23 +829,25 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		}
 		t.Logf("%s: %s, slowest event → kernel: %s", p.spec, add.Workload, slowest(addSlow, 5))
 		t.Logf("%s: %s, slowest event → kernel: %s", p.spec, del.Workload, slowest(delSlow, 5))
+		t.Logf("%s: %s, slowest call → event (what etcd and kube-apiserver ran and waited for a CPU meanwhile): %s", p.spec, add.Workload, slowestAPI(addSlow, 5))
+		t.Logf("%s: %s, slowest call → event (what etcd and kube-apiserver ran and waited for a CPU meanwhile): %s", p.spec, del.Workload, slowestAPI(delSlow, 5))
 		d.CPU = -1 // the CPU column of W3 covers adds and deletes together
 		return []Row{a, d}
 	}
 	for range p.pairs() {
 		ctx, cancel := context.WithTimeout(p.ctx, *flagChangeTO)
 		name := fmt.Sprintf("w3-%d", ld.nextW3())
-		s0, ok0 := p.procSched()
+		s0 := takeSched(p, ld)
 		t0 := time.Now()
 		ips, err := ld.createService(ctx, name, "ClusterIP")
 		if err != nil {
 			cancel()
 			return []Row{failed(t, p, add, err, "create"), skipped(del)}
 		}
-		actErr, err := change(ctx, add, t0, s0, ok0, func() error { return ld.createSlices(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
+		actErr, err := change(ctx, add, t0, s0, func() error { return ld.createSlices(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
 			return poll{dst: netip.AddrPortFrom(ips[fi], svcPort), timeout: 100 * time.Millisecond, interval: time.Millisecond,
 				done: answers}.first(ctx, nd.client)
-		}, func(fi int) (time.Time, error) {
+		}, func(fi int) (event, error) {
 			s, err := ld.events.first("Service", name, watch.Added, t0)
 			if err != nil {
 				return s, err
@@ -843,12 +864,12 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		}
 		time.Sleep(*flagGap)
 		ctx, cancel = context.WithTimeout(p.ctx, *flagChangeTO)
-		s0, ok0 = p.procSched()
+		s0 = takeSched(p, ld)
 		t0 = time.Now()
-		actErr, err = change(ctx, del, t0, s0, ok0, func() error { return ld.deleteService(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
+		actErr, err = change(ctx, del, t0, s0, func() error { return ld.deleteService(ctx, name) }, func(ctx context.Context, fi int) (time.Time, error) {
 			return poll{dst: netip.AddrPortFrom(ips[fi], svcPort), timeout: 200 * time.Millisecond, interval: time.Millisecond,
 				done: fails, confirm: 2}.first(ctx, nd.client)
-		}, func(int) (time.Time, error) {
+		}, func(int) (event, error) {
 			return ld.events.first("Service", name, watch.Deleted, t0)
 		}, &delLat, &delProxy, &delAPI, &delSlow)
 		cancel()

@@ -21,7 +21,7 @@ var samples struct {
 // recordSample appends one W2/W3 sample to the -samples file, if one is set:
 // the change started at t0 (the API call), its watch event arrived at ev and
 // the kernel showed it at at; sc is what the scheduler accounted to the proxy
-// meanwhile. A write error is reported once and stops the
+// and to etcd and kube-apiserver meanwhile. A write error is reported once and stops the
 // recording; the benchmark goes on.
 func recordSample(p *proc, services int, workload, family string, t0, ev, at time.Time, sc slowChange) {
 	samples.mu.Lock()
@@ -39,12 +39,15 @@ func recordSample(p *proc, services int, workload, family string, t0, ev, at tim
 		samples.f = f
 	}
 	const layout = "2006-01-02T15:04:05.000000000Z07:00"
-	ran, waited := "", ""
+	ran, waited, cpRan, cpWaited := "", "", "", ""
 	if sc.ok {
 		ran, waited = strconv.FormatInt(int64(sc.sched.ran), 10), strconv.FormatInt(int64(sc.sched.waited), 10)
 	}
-	if _, err := fmt.Fprintf(samples.f, "%s,%d,%s,%s,%s,%s,%s,%s,%s\n", p.spec, services, workload, family,
-		t0.Format(layout), ev.Format(layout), at.Format(layout), ran, waited); err != nil {
+	if sc.cpOK {
+		cpRan, cpWaited = strconv.FormatInt(int64(sc.cp.ran), 10), strconv.FormatInt(int64(sc.cp.waited), 10)
+	}
+	if _, err := fmt.Fprintf(samples.f, "%s,%d,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", p.spec, services, workload, family,
+		t0.Format(layout), ev.Format(layout), at.Format(layout), ran, waited, cpRan, cpWaited); err != nil {
 		fmt.Fprintf(os.Stderr, "samples: %v (not recording)\n", err)
 		*flagSamples = ""
 	}

@@ -74,13 +74,56 @@ func (p *proc) procSched() (s schedStat, ok bool) {
 	return s, err == nil
 }
 
+// controlPlaneSched reads the schedStat of the control-plane processes on
+// every change's path, etcd and kube-apiserver, summed; ok is false if either
+// cannot be read (not running, or restarted meanwhile).
+func (l *load) controlPlaneSched() (s schedStat, ok bool) {
+	pids, err := l.cp.PIDs("etcd", "kube-apiserver")
+	if err != nil {
+		return schedStat{}, false
+	}
+	for _, pid := range pids {
+		x, err := readSchedStat(pid)
+		if err != nil {
+			return schedStat{}, false
+		}
+		s.ran += x.ran
+		s.waited += x.waited
+	}
+	return s, true
+}
+
+// schedSnap is what the scheduler had accounted to the proxy and to the
+// control plane (etcd and kube-apiserver) at one moment.
+type schedSnap struct {
+	proxy, cp     schedStat
+	proxyOK, cpOK bool
+}
+
+func takeSched(p *proc, ld *load) schedSnap {
+	var s schedSnap
+	s.proxy, s.proxyOK = p.procSched()
+	s.cp, s.cpOK = ld.controlPlaneSched()
+	return s
+}
+
 // slowChange is one W2/W3 change's proxy part (event → kernel; for W3 the
-// slower family's) and what the scheduler accounted to the proxy from the API
-// call until the kernel showed the change (for W3 in both families).
+// slower family's) and API server part (call → event; for W3 the slower
+// family's), what the scheduler accounted to the proxy from the API call
+// until the kernel showed the change (for W3 in both families), and what it
+// accounted to etcd and kube-apiserver from the API call until the watch
+// event of the API server part.
 type slowChange struct {
-	proxy time.Duration
-	sched schedStat
-	ok    bool
+	proxy, api time.Duration
+	sched, cp  schedStat
+	ok, cpOK   bool
+}
+
+// setAPI sets the API server part to ev, which arrived after the call at t0,
+// with the control plane's accounting from s0 (read at t0) to ev.
+func (c *slowChange) setAPI(t0 time.Time, s0 schedSnap, ev event) {
+	c.api = ev.at.Sub(t0)
+	c.cp, c.cpOK = ev.cp.sub(s0.cp), s0.cpOK && ev.cpOK
 }
 
 // slowest returns the k changes with the longest proxy parts, longest first,
@@ -93,6 +136,25 @@ func slowest(cs []slowChange, k int) string {
 		x := fmtMs(c.proxy)
 		if c.ok {
 			x += fmt.Sprintf(" (ran %s, waited %s for a CPU)", fmtMs(c.sched.ran), fmtMs(c.sched.waited))
+		}
+		out = append(out, x)
+	}
+	return strings.Join(out, ", ")
+}
+
+// slowestAPI returns the k changes with the longest API server parts (call →
+// event), longest first, with what etcd and kube-apiserver ran and waited for
+// a CPU from the call to the event. A wait is for a CPU held by any other
+// thread: of the node side (proxy, pods, probe, benchmark), which on a cluster
+// runs on other machines, or of the control plane itself.
+func slowestAPI(cs []slowChange, k int) string {
+	s := slices.Clone(cs)
+	slices.SortStableFunc(s, func(a, b slowChange) int { return cmp.Compare(b.api, a.api) })
+	var out []string
+	for _, c := range s[:min(k, len(s))] {
+		x := fmtMs(c.api)
+		if c.cpOK {
+			x += fmt.Sprintf(" (ran %s, waited %s for a CPU)", fmtMs(c.cp.ran), fmtMs(c.cp.waited))
 		}
 		out = append(out, x)
 	}
@@ -118,5 +180,22 @@ func TestParseSchedStat(t *testing.T) {
 	cs := []slowChange{{proxy: time.Millisecond}, {proxy: 19 * time.Millisecond, ok: true, sched: schedStat{ran: 2 * time.Millisecond, waited: 15 * time.Millisecond}}, {proxy: 3 * time.Millisecond}}
 	if got, want := slowest(cs, 2), "19.0 ms (ran 2.0 ms, waited 15.0 ms for a CPU), 3.0 ms"; got != want {
 		t.Errorf("slowest = %q, want %q", got, want)
+	}
+	cs = []slowChange{{api: 4 * time.Millisecond, cpOK: true, cp: schedStat{ran: time.Millisecond}},
+		{api: 12 * time.Millisecond, cpOK: true, cp: schedStat{ran: 3 * time.Millisecond, waited: 8 * time.Millisecond}},
+		{api: 2 * time.Millisecond, proxy: time.Second}}
+	if got, want := slowestAPI(cs, 2), "12.0 ms (ran 3.0 ms, waited 8.0 ms for a CPU), 4.0 ms (ran 1.0 ms, waited 0.0 ms for a CPU)"; got != want {
+		t.Errorf("slowestAPI = %q, want %q", got, want)
+	}
+	t0 := time.Now()
+	s0 := schedSnap{cp: schedStat{ran: 100, waited: 50}, cpOK: true}
+	var c slowChange
+	c.setAPI(t0, s0, event{at: t0.Add(3 * time.Millisecond), cp: schedStat{ran: 130, waited: 90}, cpOK: true})
+	if c.api != 3*time.Millisecond || !c.cpOK || c.cp != (schedStat{ran: 30, waited: 40}) {
+		t.Errorf("setAPI: %+v, want api 3 ms, the control plane's ran 30 ns, waited 40 ns", c)
+	}
+	c.setAPI(t0, s0, event{at: t0.Add(time.Millisecond)}) // an event that arrived disarmed
+	if c.api != time.Millisecond || c.cpOK {
+		t.Errorf("setAPI with an event without accounting: %+v, want api 1 ms, cpOK false", c)
 	}
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // Sample is one line: proxy,services,workload,family,start,event,kernel and,
-// since 2026-11-27 (stop 20), ran,waited.
+// since 2026-11-27 (stop 20), ran,waited and, since stop 23, cp_ran,cp_waited.
 type Sample struct {
 	Proxy, Workload, Family string
 	Services                int
@@ -25,6 +25,10 @@ type Sample struct {
 	// line has none.
 	Ran, Waited time.Duration
 	HasSched    bool
+	// CPRan and CPWaited are the same for etcd and kube-apiserver together;
+	// HasCPSched is false when the line has none.
+	CPRan, CPWaited time.Duration
+	HasCPSched      bool
 }
 
 // Latency is the change's time to the kernel from the watch event, or from the
@@ -71,8 +75,8 @@ func ReadFile(path string) ([]Sample, error) {
 
 func parseLine(line string) (Sample, error) {
 	f := strings.Split(line, ",")
-	if len(f) != 7 && len(f) != 9 {
-		return Sample{}, fmt.Errorf("%d fields, want 7 or 9", len(f))
+	if len(f) != 7 && len(f) != 9 && len(f) != 11 {
+		return Sample{}, fmt.Errorf("%d fields, want 7, 9 or 11", len(f))
 	}
 	s := Sample{Proxy: f[0], Workload: f[2], Family: f[3]}
 	var err error
@@ -84,15 +88,31 @@ func parseLine(line string) (Sample, error) {
 			return Sample{}, err
 		}
 	}
-	if len(f) == 9 && f[7] != "" {
-		for i, d := range []*time.Duration{&s.Ran, &s.Waited} {
-			ns, err := strconv.ParseInt(f[7+i], 10, 64)
-			if err != nil || ns < 0 {
-				return Sample{}, fmt.Errorf("field %d: %q is not a duration in ns", 8+i, f[7+i])
-			}
-			*d = time.Duration(ns)
+	if len(f) >= 9 {
+		if s.HasSched, err = durations(f, 7, &s.Ran, &s.Waited); err != nil {
+			return Sample{}, err
 		}
-		s.HasSched = true
+	}
+	if len(f) == 11 {
+		if s.HasCPSched, err = durations(f, 9, &s.CPRan, &s.CPWaited); err != nil {
+			return Sample{}, err
+		}
 	}
 	return s, nil
+}
+
+// durations parses f[i] and f[i+1] (ns) into a and b; two empty fields are
+// none (false).
+func durations(f []string, i int, a, b *time.Duration) (bool, error) {
+	if f[i] == "" && f[i+1] == "" {
+		return false, nil
+	}
+	for j, d := range []*time.Duration{a, b} {
+		ns, err := strconv.ParseInt(f[i+j], 10, 64)
+		if err != nil || ns < 0 {
+			return false, fmt.Errorf("field %d: %q is not a duration in ns", i+j+1, f[i+j])
+		}
+		*d = time.Duration(ns)
+	}
+	return true, nil
 }

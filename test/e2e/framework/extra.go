@@ -45,8 +45,15 @@ func (cp *ControlPlane) APIServerPID() (int, error) {
 // ProcessPIDs returns the pids of the running etcd, kube-apiserver and
 // kube-controller-manager recorded by up.sh.
 func (cp *ControlPlane) ProcessPIDs() ([]int, error) {
+	return cp.PIDs("etcd", "kube-apiserver", "kube-controller-manager")
+}
+
+// PIDs returns the pids up.sh recorded for the named control-plane processes
+// (etcd, kube-apiserver, kube-controller-manager), in that order, each
+// checked to be still running as that program.
+func (cp *ControlPlane) PIDs(names ...string) ([]int, error) {
 	var out []int
-	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
+	for _, name := range names {
 		pid, _, err := cp.recordedProcess(name)
 		if err != nil {
 			return nil, err
