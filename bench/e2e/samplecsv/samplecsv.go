@@ -25,8 +25,9 @@ type Sample struct {
 	// line has none.
 	Ran, Waited time.Duration
 	HasSched    bool
-	// CPRan and CPWaited are the same for etcd and kube-apiserver together;
-	// HasCPSched is false when the line has none.
+	// CPRan and CPWaited are the same for etcd and kube-apiserver together,
+	// from the API call to the watch event; HasCPSched is false when the line
+	// has none.
 	CPRan, CPWaited time.Duration
 	HasCPSched      bool
 }
