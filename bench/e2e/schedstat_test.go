@@ -127,19 +127,10 @@ func (c *slowChange) setAPI(t0 time.Time, s0 schedSnap, ev event) {
 }
 
 // slowest returns the k changes with the longest proxy parts, longest first,
-// formatted for the log: "19.1 ms (ran 2.0 ms, waited 15.2 ms for a CPU)".
+// formatted for the log: "19.1 ms (ran 2.0 ms, waited 15.2 ms for a CPU)",
+// what the proxy ran and waited.
 func slowest(cs []slowChange, k int) string {
-	s := slices.Clone(cs)
-	slices.SortStableFunc(s, func(a, b slowChange) int { return cmp.Compare(b.proxy, a.proxy) })
-	var out []string
-	for _, c := range s[:min(k, len(s))] {
-		x := fmtMs(c.proxy)
-		if c.ok {
-			x += fmt.Sprintf(" (ran %s, waited %s for a CPU)", fmtMs(c.sched.ran), fmtMs(c.sched.waited))
-		}
-		out = append(out, x)
-	}
-	return strings.Join(out, ", ")
+	return slowestBy(cs, k, func(c slowChange) (time.Duration, schedStat, bool) { return c.proxy, c.sched, c.ok })
 }
 
 // slowestAPI returns the k changes with the longest API server parts (call →
@@ -148,13 +139,24 @@ func slowest(cs []slowChange, k int) string {
 // thread: of the node side (proxy, pods, probe, benchmark), which on a cluster
 // runs on other machines, or of the control plane itself.
 func slowestAPI(cs []slowChange, k int) string {
+	return slowestBy(cs, k, func(c slowChange) (time.Duration, schedStat, bool) { return c.api, c.cp, c.cpOK })
+}
+
+// slowestBy formats the k changes of cs with the longest part, longest first;
+// part returns a change's part and, if ok, the scheduler's accounting for it.
+func slowestBy(cs []slowChange, k int, part func(slowChange) (d time.Duration, s schedStat, ok bool)) string {
 	s := slices.Clone(cs)
-	slices.SortStableFunc(s, func(a, b slowChange) int { return cmp.Compare(b.api, a.api) })
+	slices.SortStableFunc(s, func(a, b slowChange) int {
+		da, _, _ := part(a)
+		db, _, _ := part(b)
+		return cmp.Compare(db, da)
+	})
 	var out []string
 	for _, c := range s[:min(k, len(s))] {
-		x := fmtMs(c.api)
-		if c.cpOK {
-			x += fmt.Sprintf(" (ran %s, waited %s for a CPU)", fmtMs(c.cp.ran), fmtMs(c.cp.waited))
+		d, st, ok := part(c)
+		x := fmtMs(d)
+		if ok {
+			x += fmt.Sprintf(" (ran %s, waited %s for a CPU)", fmtMs(st.ran), fmtMs(st.waited))
 		}
 		out = append(out, x)
 	}
