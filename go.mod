@@ -3,6 +3,7 @@ module github.com/dsproxy/dsproxy
 go 1.26.0
 
 require (
+	github.com/coreos/go-iptables v0.8.0
 	github.com/go-logr/logr v1.4.3
 	github.com/google/go-cmp v0.7.0
 	github.com/google/nftables v0.3.0

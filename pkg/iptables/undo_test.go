@@ -1,6 +1,7 @@
-package app
+package iptables
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -32,7 +33,7 @@ COMMIT
 COMMIT
 `
 
-func TestKubeProxyUndo(t *testing.T) {
+func TestUndo(t *testing.T) {
 	want := `*filter
 -D INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-FIREWALL
 -D FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
@@ -49,10 +50,23 @@ COMMIT
 -X KUBE-SVC-ABC
 COMMIT
 `
-	if got := kubeProxyUndo(kubeProxySave); got != want {
+	if got := Undo(kubeProxySave, "KUBE-"); got != want {
 		t.Fatalf("got\n%s\nwant\n%s", got, want)
 	}
-	if got := kubeProxyUndo(strings.ReplaceAll(kubeProxySave, "KUBE-", "OTHER-")); got != "" {
+	if got := Undo(strings.ReplaceAll(kubeProxySave, "KUBE-", "OTHER-"), "KUBE-"); got != "" {
 		t.Fatalf("touched rules that are not kube-proxy's:\n%s", got)
+	}
+}
+
+func TestChains(t *testing.T) {
+	got := Chains(kubeProxySave, "KUBE-")
+	if want := []string{"KUBE-FIREWALL", "KUBE-FORWARD"}; !slices.Equal(got["filter"], want) {
+		t.Errorf("filter: got %v, want %v", got["filter"], want)
+	}
+	if want := []string{"KUBE-SERVICES", "KUBE-SVC-ABC"}; !slices.Equal(got["nat"], want) {
+		t.Errorf("nat: got %v, want %v", got["nat"], want)
+	}
+	if len(got["mangle"]) != 0 {
+		t.Errorf("mangle: got %v, want none", got["mangle"])
 	}
 }
