@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -27,9 +28,11 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/conntrack"
 	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
+	"github.com/dsproxy/dsproxy/pkg/proxier/iptables"
 	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
 )
 
@@ -84,11 +87,43 @@ type svcSpec struct {
 
 // pxFamily is one family's running proxier.
 type pxFamily struct {
-	f   *family.Family
-	p   *proxier.Proxier
+	f *family.Family
+	p *proxier.Proxier
+	// b is the nftables backend (nftables mode); ib the iptables one.
 	b   *nftables.Backend
+	ib  *iptables.Backend
 	nl  *nft.Netlink
 	obs *syncRecorder
+}
+
+// The backends the harness runs, as --proxy-mode names them.
+const (
+	modeNFTables = "nftables"
+	modeIPTables = "iptables"
+)
+
+// proxyModes are the modes whose scenarios the harness runs.
+var proxyModes = []string{modeNFTables, modeIPTables}
+
+// inNS runs a backend's syncs and cleanups on a thread inside a network namespace,
+// so that the iptables commands it starts, and the sysctls it writes, are that
+// namespace's.
+type inNS struct {
+	ns *NS
+	b  proxier.Backend
+}
+
+func (n inNS) Sync(ctx context.Context, req *proxier.SyncRequest) (res proxier.SyncResult, err error) {
+	err = RunIn(n.ns, func() error {
+		var serr error
+		res, serr = n.b.Sync(ctx, req)
+		return serr
+	})
+	return res, err
+}
+
+func (n inNS) Cleanup(ctx context.Context) error {
+	return RunIn(n.ns, func() error { return n.b.Cleanup(ctx) })
 }
 
 // syncRecorder is a proxier.Observer keeping the last sync's result.
@@ -116,6 +151,7 @@ type proxyNode struct {
 	reg  *nodeport.Registry
 	sctp bool
 	fam  map[*family.Family]*pxFamily
+	mode string // modeNFTables or modeIPTables
 
 	services map[string]*v1.Service
 	slices   map[string]*discovery.EndpointSlice
@@ -127,9 +163,22 @@ type proxyNode struct {
 // without them, traffic to a service address has no route before the proxy's DNAT.
 func newProxyNode(t *testing.T) *proxyNode {
 	t.Helper()
+	return newProxyNodeMode(t, modeNFTables)
+}
+
+// newProxyNodeMode is newProxyNode with the backend of mode.
+func newProxyNodeMode(t *testing.T, mode string) *proxyNode {
+	t.Helper()
+	if mode == modeIPTables {
+		for _, f := range family.All {
+			if _, err := exec.LookPath(f.IPTablesCommand + "-restore"); err != nil {
+				t.Skipf("no %s-restore: %v", f.IPTablesCommand, err)
+			}
+		}
+	}
 	c := New(t)
 	e := &proxyNode{
-		t: t, c: c, reg: nodeport.New(klog.Background()),
+		t: t, c: c, reg: nodeport.New(klog.Background()), mode: mode,
 		sctp:     SCTPSupported(c.Node) == nil,
 		fam:      map[*family.Family]*pxFamily{},
 		services: map[string]*v1.Service{},
@@ -181,16 +230,32 @@ func (e *proxyNode) nodeAddrs() ([]netip.Addr, error) {
 // node, feeds it every object recorded so far and returns it without syncing.
 func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 	e.t.Helper()
-	nl, err := nft.NewNetlink(nft.WithNetNSFd(int(e.c.Node.Handle())))
-	if err != nil {
-		e.t.Fatalf("%s: netlink into the node: %v", f, err)
+	pf := &pxFamily{f: f, obs: &syncRecorder{}}
+	var backend proxier.Backend
+	switch e.mode {
+	case modeIPTables:
+		r, err := ipt.New(f)
+		if err != nil {
+			e.t.Fatalf("%s: %v", f, err)
+		}
+		if pf.ib, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14, LocalhostNodePorts: true}); err != nil {
+			e.t.Fatalf("%s: %v", f, err)
+		}
+		backend = inNS{e.c.Node, pf.ib}
+	default:
+		nl, err := nft.NewNetlink(nft.WithNetNSFd(int(e.c.Node.Handle())))
+		if err != nil {
+			e.t.Fatalf("%s: netlink into the node: %v", f, err)
+		}
+		e.t.Cleanup(func() { _ = nl.Close() })
+		pf.nl, pf.b = nl, nftables.New(f, nl, nftables.Options{})
+		backend = pf.b
 	}
-	e.t.Cleanup(func() { _ = nl.Close() })
-	pf := &pxFamily{f: f, nl: nl, b: nftables.New(f, nl, nftables.Options{}), obs: &syncRecorder{}}
+	var err error
 	pf.p, err = proxier.New(proxier.Config{
 		Family:    f,
 		NodeName:  pxNodeName,
-		Backend:   pf.b,
+		Backend:   backend,
 		NodePorts: e.reg,
 		Addrs:     nodeport.AddrListerFunc(e.nodeAddrs),
 		NodeIP:    e.c.Node.IP(f),
@@ -219,6 +284,15 @@ func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 func (e *proxyNode) fatalf(t *testing.T, format string, args ...any) {
 	t.Helper()
 	dbg := Debug(e.c.Node)
+	if e.mode == modeIPTables {
+		for _, f := range family.All {
+			out, err := Exec(e.c.Node, f.IPTablesCommand+"-save")
+			if err != nil {
+				out += fmt.Sprintf("(%v)\n", err)
+			}
+			dbg += fmt.Sprintf("### %s: %s-save\n%s", e.c.Node.Name, f.IPTablesCommand, out)
+		}
+	}
 	if _, err := Exec(e.c.Node, "nft", "list", "ruleset"); err != nil {
 		terse, err := Exec(e.c.Node, "nft", "-t", "list", "ruleset")
 		if err != nil {

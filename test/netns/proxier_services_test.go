@@ -23,8 +23,8 @@ type servicesFixture struct {
 	svc                 map[string]svcSpec
 }
 
-func newServicesFixture(t *testing.T) *servicesFixture {
-	e := newProxyNode(t)
+func newServicesFixture(t *testing.T, mode string) *servicesFixture {
+	e := newProxyNodeMode(t, mode)
 	x := &servicesFixture{proxyNode: e, svc: map[string]svcSpec{}}
 	x.a, x.b, x.cc = e.c.AddPod("pod-a"), e.c.AddPod("pod-b"), e.c.AddPod("pod-c")
 	x.client = e.c.AddPod("client")
@@ -185,9 +185,16 @@ var proxierScenarios = []struct {
 }
 
 // TestProxierServices runs the scenario table over both families and every
-// protocol the kernel supports, against both family proxiers running in the node.
+// protocol the kernel supports, against both family proxiers running in the node,
+// once per backend (nftables, iptables).
 func TestProxierServices(t *testing.T) {
-	x := newServicesFixture(t)
+	for _, mode := range proxyModes {
+		t.Run(mode, func(t *testing.T) { testProxierServices(t, mode) })
+	}
+}
+
+func testProxierServices(t *testing.T, mode string) {
+	x := newServicesFixture(t, mode)
 	for _, f := range family.All {
 		t.Run(f.Name, func(t *testing.T) {
 			for _, sc := range proxierScenarios {

@@ -1,0 +1,234 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+)
+
+// Runner is what the backend needs of the iptables tools; *ipt.Runner is the real
+// one.
+type Runner interface {
+	Restore(ctx context.Context, data []byte) error
+	Save(ctx context.Context, table string) (string, error)
+	EnsureRule(table, chain string, rule ...string) (bool, error)
+	HasRandomFully() bool
+}
+
+var _ Runner = (*ipt.Runner)(nil)
+
+// Options are the iptables-mode settings (kube-proxy's iptables section).
+type Options struct {
+	// MasqueradeBit is the bit of the packet mark that asks for SNAT, in [0, 31]
+	// (kube-proxy's --iptables-masquerade-bit; its default is 14).
+	MasqueradeBit int
+	// LocalhostNodePorts serves IPv4 NodePorts on 127.0.0.0/8 as well, setting
+	// net.ipv4.conf.all.route_localnet (kube-proxy's --iptables-localhost-nodeports).
+	LocalhostNodePorts bool
+}
+
+// Backend implements proxier.Backend with iptables for one family.
+type Backend struct {
+	f    *family.Family
+	r    Runner
+	opts Options
+	// written holds, per service port, the chains the last syncs created for it.
+	written map[model.ServicePortName][]string
+	// synced is false until a sync succeeds and after a failed one: the next sync
+	// then rewrites and reconciles everything.
+	synced bool
+}
+
+var _ proxier.Backend = (*Backend)(nil)
+
+// New returns the backend of family f.
+func New(f *family.Family, r Runner, opts Options) (*Backend, error) {
+	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("iptables: masquerade bit %d is not in [0, 31]", opts.MasqueradeBit)
+	}
+	return &Backend{f: f, r: r, opts: opts, written: map[model.ServicePortName][]string{}}, nil
+}
+
+// routeLocalnet is the sysctl localhost NodePorts need.
+const routeLocalnet = "/proc/sys/net/ipv4/conf/all/route_localnet"
+
+// Sync implements proxier.Backend: one iptables-restore of the nat and filter
+// tables. The dispatch chains are rewritten every time; the chains of the ports in
+// req.Changed, or of every port when the sync is full, the first, after a failure
+// or after a node change. A full (or first) sync also deletes DSPROXY- chains that
+// nothing wants and puts back missing jumps from the built-in chains.
+func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.SyncResult, error) {
+	if req.Node == nil || req.Node.Family != b.f {
+		return proxier.SyncResult{}, fmt.Errorf("iptables %s: sync without this family's node config", b.f)
+	}
+	reconcile := req.Full || !b.synced
+	// Differences a full sync finds after a successful one are repairs.
+	countRepairs := req.Full && b.synced
+	rewriteAll := reconcile || req.NodeChanged
+	b.synced = false // until this sync succeeds
+	mask := uint32(1) << b.opts.MasqueradeBit
+	c := &config{
+		node:     req.Node,
+		masqBit:  fmt.Sprintf("%#x", mask),
+		masqMark: fmt.Sprintf("%#x/%#x", mask, mask),
+		random:   b.r.HasRandomFully(),
+		localhostNP: b.opts.LocalhostNodePorts && b.f == family.IPv4 &&
+			(req.Node.NodePortAddresses.MatchAll || len(req.Node.NodePortAddresses.Loopback) > 0),
+	}
+	names := slices.SortedFunc(maps.Keys(req.State.Ports), model.ServicePortName.Compare)
+	shapes := make([]*shape, 0, len(names))
+	byName := make(map[model.ServicePortName]*shape, len(names))
+	for _, n := range names {
+		ps := req.State.Ports[n]
+		if !b.f.Contains(ps.ClusterIP) {
+			continue
+		}
+		s := shapeOf(ps)
+		shapes = append(shapes, &s)
+		byName[n] = &s
+	}
+	var nat, filter rules
+	for _, ch := range natGlobal {
+		nat.declare(ch)
+	}
+	for _, ch := range filterGlobal {
+		filter.declare(ch)
+	}
+	for _, s := range shapes {
+		c.globalRules(s, &nat, &filter)
+	}
+	c.nodeRules(shapes, &nat, &filter)
+
+	var res proxier.SyncResult
+	written := map[model.ServicePortName][]string{}
+	if rewriteAll {
+		want := map[string]bool{}
+		for _, s := range shapes {
+			c.portChains(s, &nat)
+			written[s.ps.Name] = s.chains()
+			for _, ch := range written[s.ps.Name] {
+				want[ch] = true
+			}
+		}
+		existing := map[string][]string{}
+		if reconcile {
+			for _, table := range []string{"nat", "filter"} {
+				save, err := b.r.Save(ctx, table)
+				if err != nil {
+					return res, err
+				}
+				maps.Copy(existing, ipt.Chains(save, Prefix))
+			}
+		} else {
+			for _, chs := range b.written {
+				existing["nat"] = append(existing["nat"], chs...)
+			}
+		}
+		for _, ch := range existing["nat"] {
+			if !want[ch] && !slices.Contains(natGlobal, ch) {
+				nat.delete(ch)
+			}
+		}
+		for _, ch := range existing["filter"] {
+			if !slices.Contains(filterGlobal, ch) {
+				filter.delete(ch)
+			}
+		}
+		if countRepairs {
+			have := map[string]bool{}
+			for _, ch := range existing["nat"] {
+				have[ch] = true
+			}
+			for ch := range want {
+				if !have[ch] {
+					res.Repairs++
+				}
+			}
+		}
+	} else {
+		written = maps.Clone(b.written)
+		for _, n := range req.Changed {
+			var now []string
+			if s := byName[n]; s != nil {
+				c.portChains(s, &nat)
+				now = s.chains()
+				written[n] = now
+			} else {
+				delete(written, n)
+			}
+			for _, ch := range b.written[n] {
+				if !slices.Contains(now, ch) {
+					nat.delete(ch)
+				}
+			}
+		}
+	}
+	var in strings.Builder
+	filter.writeTo(&in, "filter")
+	nat.writeTo(&in, "nat")
+	if err := b.r.Restore(ctx, []byte(in.String())); err != nil {
+		return res, err
+	}
+	res.Operations, res.Transactions = nat.n+filter.n, 1
+	b.written = written
+	if c.localhostNP {
+		if err := ensureSysctl(routeLocalnet, "1"); err != nil {
+			return res, err
+		}
+	}
+	if reconcile {
+		js := jumps()
+		for i := len(js) - 1; i >= 0; i-- {
+			added, err := b.r.EnsureRule(js[i].table, js[i].chain, js[i].rule...)
+			if err != nil {
+				return res, err
+			}
+			if added {
+				res.Operations++
+				if countRepairs {
+					res.Repairs++
+				}
+			}
+		}
+	}
+	b.synced = true
+	return res, nil
+}
+
+// ensureSysctl writes v to the sysctl file path unless it holds v already.
+func ensureSysctl(path, v string) error {
+	cur, err := os.ReadFile(path)
+	if err == nil && strings.TrimSpace(string(cur)) == v {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+		return fmt.Errorf("setting %s to %s: %w", path, v, err)
+	}
+	klog.InfoS("Set sysctl", "path", path, "value", v)
+	return nil
+}
+
+// Cleanup implements proxier.Backend: every DSPROXY- chain of the family goes, with
+// every rule that jumps to one.
+func (b *Backend) Cleanup(ctx context.Context) error {
+	b.synced, b.written = false, map[model.ServicePortName][]string{}
+	save, err := b.r.Save(ctx, "")
+	if err != nil {
+		return err
+	}
+	undo := ipt.Undo(save, Prefix)
+	if undo == "" {
+		return nil
+	}
+	return b.r.Restore(ctx, []byte(undo))
+}

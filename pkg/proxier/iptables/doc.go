@@ -1,0 +1,49 @@
+// Package iptables is dsproxy's iptables backend: one family's Services programmed
+// as iptables (or ip6tables) rules in the nat and filter tables, in the shape of
+// kube-proxy's iptables mode, with dsproxy's chain prefix so that it never touches,
+// or is touched by, kube-proxy's KUBE- chains.
+//
+// Every sync is one iptables-restore --noflush transaction. It rewrites the
+// dispatch chains (DSPROXY-SERVICES, DSPROXY-NODEPORTS, the filter chains) in full
+// and the per-port chains of the ports that changed; a full sync rewrites every
+// chain, deletes DSPROXY- chains nothing wants and re-inserts any missing jump from
+// a built-in chain. Per service port and family (the hash is the first 16 base32
+// characters of the SHA-256 of the port's name, and for an endpoint of name and
+// endpoint):
+//
+//	nat:
+//	  PREROUTING, OUTPUT:  -j DSPROXY-SERVICES
+//	  POSTROUTING:         -j DSPROXY-POSTROUTING
+//	  DSPROXY-SERVICES:    -d <clusterIP> -p <proto> --dport <port> -j <SVC or SVL>
+//	                       -d <externalIP or VIP> ... -j DSPROXY-EXT-<h>   (VIP with source ranges: DSPROXY-FW-<h>)
+//	                       <nodeport addresses> -j DSPROXY-NODEPORTS       (last)
+//	  DSPROXY-NODEPORTS:   -p <proto> --dport <nodePort> -j DSPROXY-EXT-<h>
+//	  DSPROXY-SVC-<h>:     (clusterIP traffic) -j DSPROXY-MASQ-NONLOCAL, or -j DSPROXY-MARK-MASQ with masqueradeAll
+//	                       affinity: -m recent --rcheck ... -j DSPROXY-SEP-<e> per endpoint
+//	                       -m statistic --mode random --probability 1/(n-i) -j DSPROXY-SEP-<e>
+//	  DSPROXY-SVL-<h>:     the same over the local endpoints (traffic policy Local)
+//	  DSPROXY-EXT-<h>:     ETP Cluster: -j DSPROXY-MARK-MASQ; -j DSPROXY-SVC-<h>
+//	                       ETP Local: <from local pods> -j SVC; <from the node> mark, -j SVC; -j SVL
+//	  DSPROXY-FW-<h>:      -s <source range> -j DSPROXY-EXT-<h>   (the rest falls through; filter drops it)
+//	  DSPROXY-SEP-<e>:     -s <endpoint> -j DSPROXY-MARK-MASQ (hairpin); [affinity --set]; -j DNAT
+//	  DSPROXY-MASQ-NONLOCAL: <from local pods> -j RETURN; -j DSPROXY-MARK-MASQ
+//	  DSPROXY-MARK-MASQ:   -j MARK --or-mark <masquerade bit>
+//	  DSPROXY-POSTROUTING: unmarked RETURN; clear the bit; MASQUERADE [--random-fully]
+//	filter (new connections):
+//	  INPUT:   DSPROXY-PROXY-FIREWALL, DSPROXY-EXTERNAL-SERVICES, DSPROXY-NODEPORTS, DSPROXY-FIREWALL
+//	  FORWARD: DSPROXY-PROXY-FIREWALL, DSPROXY-FORWARD, DSPROXY-SERVICES, DSPROXY-EXTERNAL-SERVICES
+//	  OUTPUT:  DSPROXY-PROXY-FIREWALL, DSPROXY-SERVICES, DSPROXY-FIREWALL
+//	  DSPROXY-SERVICES:          ClusterIP ports without endpoints REJECT (DROP when only other
+//	                             nodes have some); any other port of a ClusterIP REJECT;
+//	                             unallocated addresses of the service CIDRs DROP
+//	  DSPROXY-EXTERNAL-SERVICES: external destinations without endpoints REJECT or DROP;
+//	                             NodePorts the other family reserves REJECT
+//	  DSPROXY-PROXY-FIREWALL:    VIPs with source ranges DROP (allowed sources were DNATed)
+//	  DSPROXY-NODEPORTS:         health check node ports ACCEPT
+//	  DSPROXY-FORWARD:           ct INVALID DROP; marked ACCEPT; ESTABLISHED,RELATED ACCEPT
+//	  DSPROXY-FIREWALL:          IPv4 with localhost NodePorts: 127/8 from outside DROP
+//
+// Filter rules see packets after DNAT, so a destination still equal to a Service
+// address there was not load-balanced: that is how "no endpoints", "port not
+// served" and "source not allowed" are told apart without tracking state.
+package iptables

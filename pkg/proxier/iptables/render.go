@@ -1,0 +1,453 @@
+package iptables
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+)
+
+// Prefix starts the name of every chain the backend creates.
+const Prefix = "DSPROXY-"
+
+// The chains every sync rewrites in full.
+const (
+	chainServices         = Prefix + "SERVICES"  // nat and filter
+	chainNodePorts        = Prefix + "NODEPORTS" // nat and filter
+	chainPostrouting      = Prefix + "POSTROUTING"
+	chainMarkMasq         = Prefix + "MARK-MASQ"
+	chainMasqNonLocal     = Prefix + "MASQ-NONLOCAL"
+	chainExternalServices = Prefix + "EXTERNAL-SERVICES"
+	chainProxyFirewall    = Prefix + "PROXY-FIREWALL"
+	chainForward          = Prefix + "FORWARD"
+	chainFirewall         = Prefix + "FIREWALL"
+)
+
+var (
+	natGlobal    = []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq, chainMasqNonLocal}
+	filterGlobal = []string{chainServices, chainNodePorts, chainExternalServices, chainProxyFirewall, chainForward, chainFirewall}
+)
+
+// jump is a rule in a built-in chain that sends traffic to one of the backend's.
+type jump struct {
+	table, chain string
+	rule         []string
+}
+
+// jumps lists the rules the backend keeps in the built-in chains, in the order they
+// should end up at the head of each chain.
+func jumps() []jump {
+	ctNew := []string{"-m", "conntrack", "--ctstate", "NEW"}
+	c := func(s string) []string { return []string{"-m", "comment", "--comment", s} }
+	j := func(table, chain string, rule ...[]string) jump {
+		return jump{table: table, chain: chain, rule: slices.Concat(rule...)}
+	}
+	to := func(chain string) []string { return []string{"-j", chain} }
+	return []jump{
+		j("nat", "PREROUTING", c("dsproxy service portals"), to(chainServices)),
+		j("nat", "OUTPUT", c("dsproxy service portals"), to(chainServices)),
+		j("nat", "POSTROUTING", c("dsproxy postrouting rules"), to(chainPostrouting)),
+		j("filter", "INPUT", ctNew, c("dsproxy load balancer firewall"), to(chainProxyFirewall)),
+		j("filter", "INPUT", ctNew, c("dsproxy externally-visible service portals"), to(chainExternalServices)),
+		j("filter", "INPUT", c("dsproxy health check service ports"), to(chainNodePorts)),
+		j("filter", "INPUT", to(chainFirewall)),
+		j("filter", "FORWARD", ctNew, c("dsproxy load balancer firewall"), to(chainProxyFirewall)),
+		j("filter", "FORWARD", c("dsproxy forwarding rules"), to(chainForward)),
+		j("filter", "FORWARD", ctNew, c("dsproxy service portals"), to(chainServices)),
+		j("filter", "FORWARD", ctNew, c("dsproxy externally-visible service portals"), to(chainExternalServices)),
+		j("filter", "OUTPUT", ctNew, c("dsproxy load balancer firewall"), to(chainProxyFirewall)),
+		j("filter", "OUTPUT", ctNew, c("dsproxy service portals"), to(chainServices)),
+		j("filter", "OUTPUT", to(chainFirewall)),
+	}
+}
+
+// hash names a chain after s: the first 16 base32 characters of its SHA-256, as
+// kube-proxy names its chains (the names stay within iptables' 28 characters).
+func hash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return base32.StdEncoding.EncodeToString(sum[:])[:16]
+}
+
+func svcChain(n model.ServicePortName) string { return Prefix + "SVC-" + hash(n.String()) }
+func svlChain(n model.ServicePortName) string { return Prefix + "SVL-" + hash(n.String()) }
+func extChain(n model.ServicePortName) string { return Prefix + "EXT-" + hash(n.String()) }
+func fwChain(n model.ServicePortName) string  { return Prefix + "FW-" + hash(n.String()) }
+func sepChain(n model.ServicePortName, ep *model.Endpoint) string {
+	return Prefix + "SEP-" + hash(n.String()+"|"+ep.String())
+}
+
+// config is what rendering needs beyond the state: the node settings of the sync
+// and the backend's options.
+type config struct {
+	node        *proxier.NodeConfig
+	masqMark    string // "0x4000/0x4000"
+	masqBit     string // "0x4000"
+	random      bool   // MASQUERADE --random-fully
+	localhostNP bool   // IPv4 NodePorts on 127.0.0.0/8 (kube-proxy's localhostNodePorts)
+}
+
+// shape is which chains one service port has.
+type shape struct {
+	ps                 *model.PortState
+	proto, port        string
+	svc, svl, ext, fw  bool
+	internal, external int // endpoint counts
+}
+
+func shapeOf(ps *model.PortState) shape {
+	s := shape{ps: ps, proto: strings.ToLower(string(ps.Protocol)), port: strconv.Itoa(int(ps.Port))}
+	s.svc = len(ps.Cluster) > 0
+	s.svl = len(ps.Local) > 0
+	s.internal = len(ps.InternalEndpoints())
+	if ps.ExternallyAccessible() {
+		s.external = len(ps.ExternalEndpoints())
+		s.ext = s.external > 0 || (ps.ExternalPolicyLocal && s.svc)
+		s.fw = s.ext && len(ps.LoadBalancerVIPs) > 0 && restricted(ps.SourceRanges)
+	}
+	return s
+}
+
+// restricted reports whether source ranges limit anything (none, or one of length
+// 0, allow every source).
+func restricted(r []netip.Prefix) bool {
+	return len(r) > 0 && !slices.ContainsFunc(r, func(p netip.Prefix) bool { return p.Bits() == 0 })
+}
+
+// chains lists the per-port chains of a port, the endpoints' included.
+func (s *shape) chains() []string {
+	n := s.ps.Name
+	var out []string
+	if s.svc {
+		out = append(out, svcChain(n))
+	}
+	if s.svl {
+		out = append(out, svlChain(n))
+	}
+	if s.ext {
+		out = append(out, extChain(n))
+	}
+	if s.fw {
+		out = append(out, fwChain(n))
+	}
+	for _, ep := range s.endpoints() {
+		out = append(out, sepChain(n, ep))
+	}
+	return out
+}
+
+// endpoints are the cluster and local endpoints, each once.
+func (s *shape) endpoints() []*model.Endpoint {
+	out := make([]*model.Endpoint, 0, len(s.ps.Cluster)+len(s.ps.Local))
+	seen := make(map[netip.AddrPort]bool, cap(out))
+	for _, list := range [][]model.Endpoint{s.ps.Cluster, s.ps.Local} {
+		for i := range list {
+			if ap := list[i].AddrPort(); !seen[ap] {
+				seen[ap] = true
+				out = append(out, &list[i])
+			}
+		}
+	}
+	return out
+}
+
+// rules is an iptables-restore section being written: chain declarations and rules
+// kept apart, since every declaration must precede the rules.
+type rules struct {
+	decl, body, del strings.Builder
+	n               int // rules written
+}
+
+func (r *rules) declare(chain string) { fmt.Fprintf(&r.decl, ":%s - [0:0]\n", chain) }
+
+// delete flushes and removes a chain (its declaration flushes it).
+func (r *rules) delete(chain string) {
+	r.declare(chain)
+	fmt.Fprintf(&r.del, "-X %s\n", chain)
+}
+
+// add appends one rule to chain; args are words, already quoted where needed.
+func (r *rules) add(chain string, args ...string) {
+	r.n++
+	r.body.WriteString("-A ")
+	r.body.WriteString(chain)
+	for _, a := range args {
+		r.body.WriteByte(' ')
+		r.body.WriteString(a)
+	}
+	r.body.WriteByte('\n')
+}
+
+func (r *rules) writeTo(out *strings.Builder, table string) {
+	fmt.Fprintf(out, "*%s\n", table)
+	out.WriteString(r.decl.String())
+	out.WriteString(r.body.String())
+	out.WriteString(r.del.String())
+	out.WriteString("COMMIT\n")
+}
+
+// reject is the target that refuses a new connection of proto at once: a TCP reset
+// for TCP (as the nftables backend does), ICMP port unreachable otherwise.
+func reject(proto string) string {
+	if proto == "tcp" {
+		return "REJECT --reject-with tcp-reset"
+	}
+	return "REJECT"
+}
+
+func comment(s string) string { return `-m comment --comment "` + s + `"` }
+
+func hostPrefix(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }
+
+// portMatch matches the port's protocol and destination port p.
+func (s *shape) portMatch(p string) string {
+	return "-p " + s.proto + " -m " + s.proto + " --dport " + p
+}
+
+// nodePortDests are the destination matches of NodePort traffic, one rule each.
+func (c *config) nodePortDests() []string {
+	f, np := c.node.Family, c.node.NodePortAddresses
+	if np.MatchAll {
+		if c.localhostNP {
+			return []string{"-m addrtype --dst-type LOCAL"}
+		}
+		return []string{"! -d " + f.Loopback.String() + " -m addrtype --dst-type LOCAL"}
+	}
+	var out []string
+	for _, a := range np.Addrs {
+		out = append(out, "-d "+hostPrefix(a))
+	}
+	if c.localhostNP {
+		for _, a := range np.Loopback {
+			out = append(out, "-d "+hostPrefix(a))
+		}
+	}
+	return out
+}
+
+// localPodMatches match traffic from local pods, one rule each (none without a
+// local-traffic detector).
+func (c *config) localPodMatches() []string {
+	l := c.node.Local
+	switch l.Mode {
+	case proxier.LocalModeClusterCIDR, proxier.LocalModeNodeCIDR:
+		var out []string
+		for _, p := range l.CIDRs {
+			if c.node.Family.Contains(p.Addr()) {
+				out = append(out, "-s "+p.String())
+			}
+		}
+		return out
+	case proxier.LocalModeBridgeInterface:
+		return []string{"-i " + l.Interface}
+	case proxier.LocalModeInterfaceNamePrefix:
+		return []string{"-i " + l.Interface + "+"}
+	}
+	return nil
+}
+
+// globalRules writes the port's rules in the dispatch chains, which every sync
+// rewrites: nat DSPROXY-SERVICES and DSPROXY-NODEPORTS, and the filter chains.
+func (c *config) globalRules(s *shape, nat, filter *rules) {
+	ps := s.ps
+	name := ps.Name.String()
+	cip := "-d " + hostPrefix(ps.ClusterIP)
+	svcPort := s.portMatch(s.port)
+	// Without endpoints: reject, or drop when only other nodes have some.
+	target := reject(s.proto)
+	if ps.HasAny {
+		target = "DROP"
+	}
+	if s.internal > 0 {
+		to := svcChain(ps.Name)
+		if ps.InternalPolicyLocal {
+			to = svlChain(ps.Name)
+		}
+		nat.add(chainServices, comment(name+" cluster IP"), cip, svcPort, "-j", to)
+	} else {
+		filter.add(chainServices, comment(name+" has no endpoints"), cip, svcPort, "-j", target)
+	}
+	if !ps.ExternallyAccessible() {
+		return
+	}
+	ext := slices.Concat(ps.ExternalIPs, ps.LoadBalancerVIPs)
+	slices.SortFunc(ext, netip.Addr.Compare)
+	ext = slices.Compact(ext)
+	if s.ext {
+		for _, a := range ext {
+			to := extChain(ps.Name)
+			if s.fw && slices.Contains(ps.LoadBalancerVIPs, a) {
+				to = fwChain(ps.Name)
+			}
+			nat.add(chainServices, comment(name+" external IP"), "-d "+hostPrefix(a), svcPort, "-j", to)
+		}
+		if ps.NodePort != 0 {
+			nat.add(chainNodePorts, comment(name), s.portMatch(strconv.Itoa(int(ps.NodePort))), "-j", extChain(ps.Name))
+		}
+	}
+	if s.fw {
+		for _, vip := range ps.LoadBalancerVIPs {
+			filter.add(chainProxyFirewall, comment(name+" traffic not accepted by "+fwChain(ps.Name)), "-d "+hostPrefix(vip), svcPort, "-j DROP")
+		}
+	}
+	if s.external == 0 {
+		for _, a := range ext {
+			filter.add(chainExternalServices, comment(name+" has no local endpoints"), "-d "+hostPrefix(a), svcPort, "-j", target)
+		}
+		if ps.NodePort != 0 {
+			for _, d := range c.nodePortDests() {
+				filter.add(chainExternalServices, comment(name+" has no local endpoints"), d, s.portMatch(strconv.Itoa(int(ps.NodePort))), "-j", target)
+			}
+		}
+	}
+}
+
+// portChains writes the port's own chains, declared (so flushed) first.
+func (c *config) portChains(s *shape, nat *rules) {
+	ps := s.ps
+	n := ps.Name
+	for _, ch := range s.chains() {
+		nat.declare(ch)
+	}
+	cipMatch := "-d " + hostPrefix(ps.ClusterIP) + " " + s.portMatch(s.port)
+	masq := ""
+	switch {
+	case c.node.MasqueradeAll:
+		masq = chainMarkMasq
+	case len(c.localPodMatches()) > 0:
+		masq = chainMasqNonLocal
+	}
+	if s.svc {
+		if !ps.InternalPolicyLocal && masq != "" {
+			nat.add(svcChain(n), comment(n.String()+" cluster IP"), cipMatch, "-j", masq)
+		}
+		c.balance(s, svcChain(n), ps.Cluster, nat)
+	}
+	if s.svl {
+		if ps.InternalPolicyLocal && masq != "" {
+			nat.add(svlChain(n), comment(n.String()+" cluster IP"), cipMatch, "-j", masq)
+		}
+		c.balance(s, svlChain(n), ps.Local, nat)
+	}
+	if s.ext {
+		ch := extChain(n)
+		if !ps.ExternalPolicyLocal {
+			nat.add(ch, comment("masquerade traffic for "+n.String()+" external destinations"), "-j", chainMarkMasq)
+			nat.add(ch, "-j", svcChain(n))
+		} else {
+			if s.svc {
+				for _, m := range c.localPodMatches() {
+					nat.add(ch, comment("pod traffic for "+n.String()+" external destinations"), m, "-j", svcChain(n))
+				}
+				nat.add(ch, comment("masquerade LOCAL traffic for "+n.String()+" external destinations"), "-m addrtype --src-type LOCAL", "-j", chainMarkMasq)
+				nat.add(ch, comment("route LOCAL traffic for "+n.String()+" external destinations"), "-m addrtype --src-type LOCAL", "-j", svcChain(n))
+			}
+			if s.svl {
+				nat.add(ch, "-j", svlChain(n))
+			}
+		}
+	}
+	if s.fw {
+		ch := fwChain(n)
+		for _, r := range ps.SourceRanges {
+			nat.add(ch, comment(n.String()+" loadbalancer IP"), "-s "+r.Masked().String(), "-j", extChain(n))
+		}
+		// A VIP bound on the node loops back with itself as source (kube-proxy).
+		if c.node.NodeIP.IsValid() && slices.ContainsFunc(ps.SourceRanges, func(p netip.Prefix) bool { return p.Contains(c.node.NodeIP) }) {
+			for _, vip := range ps.LoadBalancerVIPs {
+				nat.add(ch, comment(n.String()+" loadbalancer IP"), "-s "+hostPrefix(vip), "-j", extChain(n))
+			}
+		}
+	}
+	for _, ep := range s.endpoints() {
+		ch := sepChain(n, ep)
+		nat.add(ch, comment(n.String()), "-s "+hostPrefix(ep.Addr), "-j", chainMarkMasq)
+		aff := ""
+		if ps.AffinitySeconds > 0 {
+			aff = " -m recent --name " + ch + " --set"
+		}
+		nat.add(ch, comment(n.String()), "-p "+s.proto+" -m "+s.proto+aff, "-j DNAT --to-destination", ep.AddrPort().String())
+	}
+}
+
+// balance writes the rules that pick one of eps: the affinity checks, then each
+// endpoint with the probability that makes the choice uniform.
+func (c *config) balance(s *shape, chain string, eps []model.Endpoint, nat *rules) {
+	n := s.ps.Name
+	if aff := s.ps.AffinitySeconds; aff > 0 {
+		for i := range eps {
+			sep := sepChain(n, &eps[i])
+			nat.add(chain, comment(n.String()+" -> "+eps[i].String()), "-m recent --name "+sep+" --rcheck --seconds "+strconv.Itoa(int(aff))+" --reap", "-j", sep)
+		}
+	}
+	for i := range eps {
+		sep := sepChain(n, &eps[i])
+		if left := len(eps) - i; left > 1 {
+			nat.add(chain, comment(n.String()+" -> "+eps[i].String()), "-m statistic --mode random --probability "+strconv.FormatFloat(1/float64(left), 'f', 10, 64), "-j", sep)
+		} else {
+			nat.add(chain, comment(n.String()+" -> "+eps[i].String()), "-j", sep)
+		}
+	}
+}
+
+// nodeRules writes the node-wide rules of the dispatch chains: the tails of
+// DSPROXY-SERVICES, masquerading, forwarding, the reserved NodePorts and the
+// service CIDRs.
+func (c *config) nodeRules(ports []*shape, nat, filter *rules) {
+	f := c.node.Family
+	for _, d := range c.nodePortDests() {
+		nat.add(chainServices, comment("dsproxy service nodeports; NOTE: this must be the last rule in this chain"), d, "-j", chainNodePorts)
+	}
+	nat.add(chainMarkMasq, "-j MARK --or-mark", c.masqBit)
+	for _, m := range c.localPodMatches() {
+		nat.add(chainMasqNonLocal, m, "-j RETURN")
+	}
+	nat.add(chainMasqNonLocal, "-j", chainMarkMasq)
+	nat.add(chainPostrouting, "-m mark ! --mark", c.masqMark, "-j RETURN")
+	nat.add(chainPostrouting, "-j MARK --xor-mark", c.masqBit)
+	masq := "-j MASQUERADE"
+	if c.random {
+		masq += " --random-fully"
+	}
+	nat.add(chainPostrouting, comment("dsproxy service traffic requiring SNAT"), masq)
+
+	filter.add(chainForward, "-m conntrack --ctstate INVALID", "-j DROP")
+	filter.add(chainForward, comment("dsproxy forwarding rules"), "-m mark --mark", c.masqMark, "-j ACCEPT")
+	filter.add(chainForward, comment("dsproxy forwarding conntrack rule"), "-m conntrack --ctstate RELATED,ESTABLISHED", "-j ACCEPT")
+	if c.localhostNP {
+		lo := f.Loopback.String()
+		filter.add(chainFirewall, comment("block incoming localnet connections"), "-d "+lo, "! -s "+lo, "-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT", "-j DROP")
+	}
+	// Any other port of a ClusterIP is refused; then unallocated service addresses
+	// are dropped.
+	seen := map[netip.Addr]bool{}
+	for _, s := range ports {
+		if a := s.ps.ClusterIP; !seen[a] {
+			seen[a] = true
+			c := comment(s.ps.Name.Namespace + "/" + s.ps.Name.Name + " port not served")
+			filter.add(chainServices, c, "-d "+hostPrefix(a), "-p tcp", "-j", reject("tcp"))
+			filter.add(chainServices, c, "-d "+hostPrefix(a), "-j", reject(""))
+		}
+	}
+	for _, p := range c.node.ServiceCIDRs {
+		filter.add(chainServices, comment("unallocated service address"), "-d "+p.Masked().String(), "-j DROP")
+	}
+	for _, k := range c.node.ReservedNodePorts {
+		proto := strings.ToLower(string(k.Protocol))
+		for _, d := range c.nodePortDests() {
+			filter.add(chainExternalServices, comment(k.String()+" is reserved by the other family"), d, "-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(int(k.Port)), "-j", reject(proto))
+		}
+	}
+	hc := map[uint16]bool{}
+	for _, s := range ports {
+		if p := s.ps.HealthCheckNodePort; p != 0 && !hc[p] {
+			hc[p] = true
+			filter.add(chainNodePorts, comment(s.ps.Name.Namespace+"/"+s.ps.Name.Name+" health check node port"), "-p tcp -m tcp --dport "+strconv.Itoa(int(p)), "-j ACCEPT")
+		}
+	}
+}
