@@ -71,7 +71,13 @@ func (s *udpSession) exchange(timeout time.Duration) (Reply, error) {
 // the survivor with its next datagram, because the proxier's conntrack cleaner
 // deleted the stale flow.
 func TestProxierEndpointChurn(t *testing.T) {
-	e := newProxyNode(t)
+	for _, mode := range proxyModes {
+		t.Run(mode, func(t *testing.T) { testEndpointChurn(t, mode) })
+	}
+}
+
+func testEndpointChurn(t *testing.T, mode string) {
+	e := newProxyNodeMode(t, mode)
 	pods := []*NS{e.c.AddPod("pod-a"), e.c.AddPod("pod-b"), e.c.AddPod("pod-c")}
 	client := e.c.AddPod("client")
 	for _, n := range pods {

@@ -1,0 +1,127 @@
+//go:build netns
+
+package netns
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/dsproxy/dsproxy/internal/testaddr"
+	"github.com/dsproxy/dsproxy/pkg/family"
+)
+
+// TestIPTablesRepairAndCleanup is TestProxierRepairAndCleanup for the iptables
+// backend: a full sync on an untouched kernel repairs nothing; after someone
+// deletes the jump from nat PREROUTING, or flushes DSPROXY-SERVICES, traffic
+// breaks and the next full sync fixes it (the missing jump counted as a repair);
+// Cleanup removes every DSPROXY- chain and jump in both families and leaves
+// other rules alone.
+func TestIPTablesRepairAndCleanup(t *testing.T) {
+	e := newProxyNodeMode(t, modeIPTables)
+	pods := []*NS{e.c.AddPod("pod-a"), e.c.AddPod("pod-b")}
+	client := e.c.AddPod("client")
+	for _, n := range pods {
+		n.Serve(TCP, pxPodPort)
+		n.Serve(UDP, pxPodPort)
+	}
+	s := svcSpec{name: "web", n: 30, typ: "NodePort", nodePort: 30300, eps: pods}
+	e.apply(s)
+	e.sync(false)
+	// Someone else's rules, which cleanup must keep.
+	for _, f := range family.All {
+		if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "filter", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"); err != nil {
+			e.fatalf(t, "%s: adding a foreign rule: %v %s", f, err, out)
+		}
+	}
+	vip := func(f *family.Family) netip.AddrPort { return netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort) }
+	works := func(t *testing.T, f *family.Family) {
+		t.Helper()
+		for _, p := range []Proto{TCP, UDP} {
+			e.expectServed(t, client, p, vip(f), client.IP(f), pods...)
+			e.expectServed(t, e.c.External, p, netip.AddrPortFrom(e.c.Node.IP(f), s.nodePortOf(p)), e.c.Node.IP(f), pods...)
+		}
+	}
+	broken := func(t *testing.T, f *family.Family, what string) {
+		t.Helper()
+		if r, err := Dial(client, TCP, vip(f), pxDropWait); err == nil {
+			e.fatalf(t, "%s: the ClusterIP still answers (%v) after %s", f, r, what)
+		}
+	}
+	for f, res := range e.sync(true) {
+		if res.Repairs != 0 {
+			e.fatalf(t, "%s: full sync on an untouched kernel: %d repairs", f, res.Repairs)
+		}
+	}
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			works(t, f)
+			ipt := f.IPTablesCommand
+			// 1. Someone deletes the jump from nat PREROUTING.
+			if out, err := Exec(e.c.Node, ipt, "-t", "nat", "-D", "PREROUTING", "-m", "comment", "--comment", "dsproxy service portals", "-j", "DSPROXY-SERVICES"); err != nil {
+				e.fatalf(t, "deleting the jump: %v %s", err, out)
+			}
+			broken(t, f, "deleting the PREROUTING jump")
+			if res := e.syncFamily(f, true); res.Repairs == 0 {
+				e.fatalf(t, "%s: full sync after the jump was deleted: 0 repairs", f)
+			}
+			works(t, f)
+			// 2. Someone flushes the dispatch chain.
+			if out, err := Exec(e.c.Node, ipt, "-t", "nat", "-F", "DSPROXY-SERVICES"); err != nil {
+				e.fatalf(t, "flushing DSPROXY-SERVICES: %v %s", err, out)
+			}
+			broken(t, f, "flushing DSPROXY-SERVICES")
+			e.syncFamily(f, true)
+			works(t, f)
+			if res := e.syncFamily(f, true); res.Repairs != 0 {
+				e.fatalf(t, "%s: full sync after the repairs: %d repairs", f, res.Repairs)
+			}
+		})
+	}
+	t.Run("cleanup", func(t *testing.T) {
+		for _, f := range family.All {
+			if err := (inNS{e.c.Node, e.fam[f].ib}).Cleanup(context.Background()); err != nil {
+				e.fatalf(t, "%s cleanup: %v", f, err)
+			}
+		}
+		for _, f := range family.All {
+			out, err := Exec(e.c.Node, f.IPTablesCommand+"-save")
+			if err != nil {
+				e.fatalf(t, "%s-save: %v", f.IPTablesCommand, err)
+			}
+			if strings.Contains(out, "DSPROXY") {
+				e.fatalf(t, "%s: DSPROXY state left after cleanup:\n%s", f, out)
+			}
+			if !strings.Contains(out, "-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT") {
+				e.fatalf(t, "%s: cleanup removed a rule that is not dsproxy's:\n%s", f, out)
+			}
+			broken(t, f, "cleanup")
+		}
+	})
+}
+
+// TestIPTablesLocalhostNodePorts: with localhostNodePorts (kube-proxy's iptables
+// default) an IPv4 NodePort answers on 127.0.0.1 from the node, masqueraded so the
+// endpoint can answer; IPv6 NodePorts never answer on ::1.
+func TestIPTablesLocalhostNodePorts(t *testing.T) {
+	e := newProxyNodeMode(t, modeIPTables)
+	a := e.c.AddPod("pod-a")
+	a.Serve(TCP, pxPodPort)
+	a.Serve(UDP, pxPodPort)
+	s := svcSpec{name: "np", n: 31, typ: "NodePort", nodePort: 30310, eps: []*NS{a}}
+	e.apply(s)
+	e.sync(false)
+	for _, p := range []Proto{TCP, UDP} {
+		r := e.dial(t, e.c.Node, p, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), s.nodePortOf(p)))
+		if r.Server != a.Name {
+			e.fatalf(t, "%s 127.0.0.1 NodePort: answered by %s, want %s", p, r.Server, a)
+		}
+		if r.ObservedSrc.Addr().IsLoopback() {
+			e.fatalf(t, "%s 127.0.0.1 NodePort: endpoint saw loopback source %s, want it masqueraded", p, r.ObservedSrc)
+		}
+	}
+	if r, err := Dial(e.c.Node, TCP, netip.AddrPortFrom(netip.IPv6Loopback(), s.nodePortOf(TCP)), pxDropWait); err == nil {
+		e.fatalf(t, "tcp [::1] NodePort answered (%v); IPv6 has no localhost NodePorts", r)
+	}
+}
