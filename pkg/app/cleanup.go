@@ -7,8 +7,11 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
 	"github.com/dsproxy/dsproxy/pkg/nft"
+	"github.com/dsproxy/dsproxy/pkg/proxier/iptables"
 	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
 )
 
@@ -16,7 +19,8 @@ import (
 // ip6 families.
 const KubeProxyTable = "kube-proxy"
 
-// Cleanup removes everything dsproxy created in both families, and with kubeProxy
+// Cleanup removes everything dsproxy created in both families and both of its
+// modes (its nftables tables, its DSPROXY- iptables chains), and with kubeProxy
 // also kube-proxy's state from either of its modes: its nftables tables and its
 // iptables KUBE- chains and the rules jumping to them. Missing state is not an
 // error.
@@ -31,6 +35,9 @@ func Cleanup(ctx context.Context, kubeProxy bool) error {
 		if err := nftables.New(f, k, nftables.Options{}).Cleanup(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", f, err))
 		}
+		if err := cleanupIPTablesMode(ctx, f); err != nil {
+			errs = append(errs, err)
+		}
 		if kubeProxy {
 			tx := nft.NewTx(f)
 			tx.DeleteTable(KubeProxyTable)
@@ -43,6 +50,49 @@ func Cleanup(ctx context.Context, kubeProxy bool) error {
 	if kubeProxy {
 		if err := cleanupKubeProxyIPTables(ctx); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cleanupIPTablesMode removes the DSPROXY- chains of f's iptables mode. A node
+// without the family's iptables binary has none; that is not an error.
+func cleanupIPTablesMode(ctx context.Context, f *family.Family) error {
+	r, err := ipt.New(f)
+	if err != nil {
+		klog.V(2).InfoS("No iptables for this family; no iptables-mode rules to remove", "ipFamily", f.Name, "err", err)
+		return nil
+	}
+	b, err := iptables.New(f, r, iptables.Options{})
+	if err != nil {
+		return err
+	}
+	if err := b.Cleanup(ctx); err != nil {
+		return fmt.Errorf("%s: iptables mode: %w", f, err)
+	}
+	return nil
+}
+
+// cleanupOtherMode removes, in every family, what dsproxy's other mode left in the
+// kernel: the DSPROXY- iptables chains when mode is nftables, the dsproxy
+// nftables tables when mode is iptables. kube-proxy's platformCleanup does the
+// same for its own modes as it starts; the daemon does it once every family it
+// proxies has been programmed, so that the old mode's rules serve new
+// connections until the new mode's do. Connections they translated keep their
+// conntrack entries.
+// k is the nftables connection to use.
+func cleanupOtherMode(ctx context.Context, mode config.ProxyMode, k nft.Kernel) error {
+	var errs []error
+	switch mode {
+	case config.ModeIPTables:
+		for _, f := range family.All {
+			if err := nftables.New(f, k, nftables.Options{}).Cleanup(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("%s: nftables mode: %w", f, err))
+			}
+		}
+	case config.ModeNFTables:
+		for _, f := range family.All {
+			errs = append(errs, cleanupIPTablesMode(ctx, f))
 		}
 	}
 	return errors.Join(errs...)

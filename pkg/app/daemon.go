@@ -19,6 +19,7 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/conntrack"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/healthcheck"
+	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
 	"github.com/dsproxy/dsproxy/pkg/kubeclient"
 	"github.com/dsproxy/dsproxy/pkg/metaproxier"
 	"github.com/dsproxy/dsproxy/pkg/metrics"
@@ -27,6 +28,7 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/nodeip"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
+	"github.com/dsproxy/dsproxy/pkg/proxier/iptables"
 	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
 	"github.com/dsproxy/dsproxy/pkg/runner"
 	"github.com/dsproxy/dsproxy/pkg/watch"
@@ -55,8 +57,8 @@ type Daemon struct {
 // New assembles the daemon: it reads the Node for node IPs and decides which
 // families run, and opens a netlink connection per family. It programs nothing.
 func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*Daemon, error) {
-	if cfg.ProxyMode != config.ModeNFTables {
-		return nil, fmt.Errorf("--proxy-mode %q: dsproxy implements %q so far", cfg.ProxyMode, config.ModeNFTables)
+	if cfg.ProxyMode != config.ModeNFTables && cfg.ProxyMode != config.ModeIPTables {
+		return nil, fmt.Errorf("--proxy-mode %q: dsproxy implements %q and %q so far", cfg.ProxyMode, config.ModeNFTables, config.ModeIPTables)
 	}
 	name, err := NodeName(cfg)
 	if err != nil {
@@ -106,6 +108,17 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 			d.restoreGC()
 		}
 		releaseMemory()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		k, err := nft.NewNetlink()
+		if err != nil {
+			klog.ErrorS(err, "Removing the other proxy mode's rules: opening netlink")
+			return
+		}
+		defer k.Close()
+		if err := cleanupOtherMode(ctx, cfg.ProxyMode, k); err != nil {
+			klog.ErrorS(err, "Removing the other proxy mode's rules")
+		}
 	})
 	if d.meta, err = metaproxier.New(fps...); err != nil {
 		d.Close()
@@ -114,16 +127,35 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 	return d, nil
 }
 
-func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, node *v1.Node) (*proxier.Proxier, error) {
+// newBackend returns the family's backend for the configured --proxy-mode.
+func (d *Daemon) newBackend(f *family.Family) (proxier.Backend, error) {
+	if d.cfg.ProxyMode == config.ModeIPTables {
+		r, err := ipt.New(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: iptables mode: %w", f, err)
+		}
+		return iptables.New(f, r, iptables.Options{
+			MasqueradeBit:      int(d.cfg.IPTables.MasqueradeBit),
+			LocalhostNodePorts: d.cfg.IPTables.LocalhostNodePorts,
+		})
+	}
 	k, err := nft.NewNetlink()
 	if err != nil {
 		return nil, fmt.Errorf("%s: opening netlink: %w", f, err)
 	}
 	d.kernels = append(d.kernels, k)
+	return nftables.New(f, k, nftables.Options{RebuildEvery: 1}), nil
+}
+
+func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, node *v1.Node) (*proxier.Proxier, error) {
+	b, err := d.newBackend(f)
+	if err != nil {
+		return nil, err
+	}
 	return proxier.New(proxier.Config{
 		Family:        f,
 		NodeName:      d.nodeName,
-		Backend:       nftables.New(f, k, nftables.Options{RebuildEvery: 1}),
+		Backend:       b,
 		NodePorts:     d.registry,
 		NodePortSpec:  np,
 		NodeIP:        ip,

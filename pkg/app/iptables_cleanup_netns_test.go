@@ -30,7 +30,11 @@ func TestCleanupKubeProxyIPTablesRealKernel(t *testing.T) {
 	}
 	for _, bin := range []string{"iptables-nft-restore", "ip6tables-nft-restore"} {
 		load := inNS(context.Background(), bin)
-		rules := kubeProxySave
+		save, err := os.ReadFile("../iptables/testdata/kube-proxy-save.txt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rules := string(save)
 		if strings.HasPrefix(bin, "ip6") {
 			rules = strings.ReplaceAll(rules, "10.96.0.1/32", "fd00:96::1/128")
 		}
