@@ -1,0 +1,318 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nodeport"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+)
+
+// fakeRunner records what the backend asks of the iptables tools.
+type fakeRunner struct {
+	restores []string
+	save     string          // what Save returns for any table
+	jumps    map[string]bool // rules EnsureRule has seen, by table/chain/rule
+	fail     error           // returned by the next Restore
+}
+
+func (r *fakeRunner) Restore(_ context.Context, data []byte) error {
+	if err := r.fail; err != nil {
+		r.fail = nil
+		return err
+	}
+	r.restores = append(r.restores, string(data))
+	return nil
+}
+
+func (r *fakeRunner) Save(context.Context, string) (string, error) { return r.save, nil }
+
+func (r *fakeRunner) EnsureRule(table, chain string, rule ...string) (bool, error) {
+	if r.jumps == nil {
+		r.jumps = map[string]bool{}
+	}
+	k := table + "/" + chain + "/" + strings.Join(rule, " ")
+	if r.jumps[k] {
+		return false, nil
+	}
+	r.jumps[k] = true
+	return true, nil
+}
+
+func (r *fakeRunner) HasRandomFully() bool { return true }
+
+func (r *fakeRunner) last() string { return r.restores[len(r.restores)-1] }
+
+func portName(svc string) model.ServicePortName {
+	return model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: svc}, Port: "p", Protocol: v1.ProtocolTCP}
+}
+
+func addr(f *family.Family, v4, v6 string) netip.Addr {
+	if f == family.IPv6 {
+		return netip.MustParseAddr(v6)
+	}
+	return netip.MustParseAddr(v4)
+}
+
+// port is a ClusterIP port of Service svc (10.96.0.n / fd00:96::n) with endpoints
+// 10.64.0.e:8080 (fd00:64::e) for each e.
+func port(f *family.Family, svc string, n int, eps ...int) *model.PortState {
+	ps := &model.PortState{ServicePort: &model.ServicePort{
+		Name: portName(svc), ClusterIP: addr(f, fmt.Sprintf("10.96.0.%d", n), fmt.Sprintf("fd00:96::%d", n)),
+		Port: 80, Protocol: v1.ProtocolTCP,
+	}}
+	for _, e := range eps {
+		ps.Cluster = append(ps.Cluster, model.Endpoint{
+			Addr: addr(f, fmt.Sprintf("10.64.0.%d", e), fmt.Sprintf("fd00:64::%d", e)), Port: 8080, Ready: true, Serving: true,
+		})
+	}
+	ps.HasAny = len(eps) > 0
+	return ps
+}
+
+func node(f *family.Family) *proxier.NodeConfig {
+	return &proxier.NodeConfig{
+		Family: f, NodeIP: addr(f, "192.0.2.1", "2001:db8::1"),
+		NodePortAddresses: nodeport.Addresses{Family: f, MatchAll: true},
+		ServiceCIDRs:      []netip.Prefix{netip.PrefixFrom(addr(f, "10.96.0.0", "fd00:96::"), map[int]int{32: 16, 128: 112}[f.BitLen])},
+		Local:             proxier.LocalDetector{Mode: proxier.LocalModeClusterCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.64.0.0/16"), netip.MustParsePrefix("fd00:64::/48")}},
+	}
+}
+
+func state(ports ...*model.PortState) *model.State {
+	st := model.NewState()
+	for _, p := range ports {
+		st.Ports[p.Name] = p
+	}
+	return st
+}
+
+func newBackend(t *testing.T, f *family.Family) (*Backend, *fakeRunner) {
+	t.Helper()
+	r := &fakeRunner{}
+	b, err := New(f, r, Options{MasqueradeBit: 14})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, r
+}
+
+func sync(t *testing.T, b *Backend, req *proxier.SyncRequest) proxier.SyncResult {
+	t.Helper()
+	res, err := b.Sync(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+var declRE = regexp.MustCompile(`(?m)^:(\S+) - \[0:0\]$`)
+
+// declared lists the chains a restore input declares (so flushes and rewrites).
+func declared(in string) []string {
+	var out []string
+	for _, m := range declRE.FindAllStringSubmatch(in, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+func perPort(chains []string) []string {
+	return slices.DeleteFunc(slices.Clone(chains), func(c string) bool {
+		return slices.Contains(natGlobal, c) || slices.Contains(filterGlobal, c)
+	})
+}
+
+// A one-endpoint change rewrites only that port's chains (and the dispatch
+// chains) and removes the chain of the endpoint that went; a deleted port's
+// chains all go.
+func TestPartialSyncTouchesOnlyChangedPorts(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			b, r := newBackend(t, f)
+			a, c, d := port(f, "a", 1, 1, 2), port(f, "c", 2, 3, 4, 5), port(f, "d", 3, 6)
+			sync(t, b, &proxier.SyncRequest{Full: true, State: state(a, c, d), Node: node(f), NodeChanged: true})
+			sa, sc, sd := shapeOf(a), shapeOf(c), shapeOf(d)
+			got, want := perPort(declared(r.last())), slices.Concat(sa.chains(), sc.chains(), sd.chains())
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Fatalf("first sync declared %v, want every port's chains %v", got, want)
+			}
+			if len(r.jumps) != len(jumps()) {
+				t.Fatalf("first sync ensured %d jumps, want %d", len(r.jumps), len(jumps()))
+			}
+
+			c2 := port(f, "c", 2, 3, 4) // endpoint 5 goes
+			sync(t, b, &proxier.SyncRequest{State: state(a, c2, d), Changed: []model.ServicePortName{c2.Name}, Node: node(f)})
+			in := r.last()
+			sc2 := shapeOf(c2)
+			if got := perPort(declared(in)); !slices.Equal(got, append(sc2.chains(), sepChain(c.Name, &c.Cluster[2]))) {
+				t.Errorf("endpoint change declared %v, want c's chains %v and the removed endpoint's", got, sc2.chains())
+			}
+			if want := "-X " + sepChain(c.Name, &c.Cluster[2]) + "\n"; !strings.Contains(in, want) {
+				t.Errorf("endpoint change does not delete the removed endpoint's chain (%q):\n%s", want, in)
+			}
+			if strings.Count(in, "\n-X ") != 1 {
+				t.Errorf("endpoint change deletes more than one chain:\n%s", in)
+			}
+			if strings.Contains(in, ":"+svcChain(a.Name)+" ") || strings.Contains(in, "-A "+svcChain(a.Name)+" ") {
+				t.Errorf("an unchanged port's chain is rewritten:\n%s", in)
+			}
+
+			sync(t, b, &proxier.SyncRequest{State: state(a, c2), Changed: []model.ServicePortName{d.Name}, Node: node(f)})
+			in = r.last()
+			for _, ch := range sd.chains() {
+				if !strings.Contains(in, "-X "+ch+"\n") {
+					t.Errorf("deleting port d does not delete %s:\n%s", ch, in)
+				}
+			}
+			if strings.Contains(in, "10.96.0.3") || strings.Contains(in, "fd00:96::3 ") {
+				t.Errorf("a deleted port is still dispatched to:\n%s", in)
+			}
+		})
+	}
+}
+
+// A full sync deletes DSPROXY- chains nothing wants (left by an earlier process)
+// and counts a missing jump from a built-in chain as a repair.
+func TestFullSyncReconciles(t *testing.T) {
+	f := family.IPv4
+	b, r := newBackend(t, f)
+	a := port(f, "a", 1, 1)
+	stale := Prefix + "SVC-STALESTALESTALE"
+	r.save = "*nat\n:PREROUTING ACCEPT [0:0]\n:" + stale + " - [0:0]\n:" + chainServices + " - [0:0]\nCOMMIT\n"
+	res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)})
+	if !strings.Contains(r.last(), "-X "+stale+"\n") {
+		t.Errorf("full sync keeps a stale chain:\n%s", r.last())
+	}
+	if strings.Contains(r.last(), "-X "+chainServices+"\n") {
+		t.Errorf("full sync deletes a dispatch chain:\n%s", r.last())
+	}
+	if res.Repairs != 0 {
+		t.Errorf("first sync: %d repairs, want 0", res.Repairs)
+	}
+	r.save = "*nat\n:" + chainServices + " - [0:0]\n:" + svcChain(a.Name) + " - [0:0]\n:" + sepChain(a.Name, &a.Cluster[0]) + " - [0:0]\nCOMMIT\n"
+	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)}); res.Repairs != 0 {
+		t.Errorf("full sync on an untouched kernel: %d repairs", res.Repairs)
+	}
+	j := jumps()[0]
+	delete(r.jumps, j.table+"/"+j.chain+"/"+strings.Join(j.rule, " "))
+	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)}); res.Repairs != 1 {
+		t.Errorf("full sync after a jump was deleted: %d repairs, want 1", res.Repairs)
+	}
+}
+
+// After a failed restore the next sync, even a partial one, rewrites everything.
+func TestFailureRewritesAll(t *testing.T) {
+	f := family.IPv6
+	b, r := newBackend(t, f)
+	a, c := port(f, "a", 1, 1), port(f, "c", 2, 2)
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(a, c), Node: node(f)})
+	r.fail = errors.New("boom")
+	if _, err := b.Sync(context.Background(), &proxier.SyncRequest{State: state(a, c), Changed: []model.ServicePortName{a.Name}, Node: node(f)}); err == nil {
+		t.Fatal("sync with a failing restore succeeded")
+	}
+	sync(t, b, &proxier.SyncRequest{State: state(a, c), Changed: []model.ServicePortName{a.Name}, Node: node(f)})
+	if !strings.Contains(r.last(), ":"+svcChain(c.Name)+" ") {
+		t.Errorf("sync after a failure does not rewrite an unchanged port:\n%s", r.last())
+	}
+}
+
+// The rules of the behaviours that differ by configuration, read as text.
+func TestRules(t *testing.T) {
+	type check struct {
+		name  string
+		f     *family.Family
+		ps    func(f *family.Family) *model.PortState
+		node  func(n *proxier.NodeConfig)
+		want  []string // regexps that must match a line
+		avoid []string // regexps no line may match
+	}
+	lb := func(f *family.Family) *model.PortState {
+		ps := port(f, "lb", 7, 1, 2)
+		ps.NodePort = 30007
+		ps.LoadBalancerVIPs = []netip.Addr{addr(f, "203.0.113.7", "2001:db8:7::7")}
+		ps.SourceRanges = []netip.Prefix{netip.PrefixFrom(addr(f, "198.51.100.0", "2001:db8:c::"), map[int]int{32: 24, 128: 64}[f.BitLen])}
+		return ps
+	}
+	checks := []check{
+		{name: "three endpoints spread evenly", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1, 2, 3) },
+			want: []string{`^-A DSPROXY-SVC-\S+ .*--probability 0\.3333333333 -j DSPROXY-SEP-`, `--probability 0\.5000000000 -j DSPROXY-SEP-`,
+				`^-A DSPROXY-SEP-\S+ .*-s 10\.64\.0\.1/32 -j DSPROXY-MARK-MASQ$`, `-j DNAT --to-destination 10\.64\.0\.3:8080$`,
+				`^-A DSPROXY-SVC-\S+ .*-d 10\.96\.0\.1/32 -p tcp -m tcp --dport 80 -j DSPROXY-MASQ-NONLOCAL$`,
+				`^-A DSPROXY-MASQ-NONLOCAL -s 10\.64\.0\.0/16 -j RETURN$`}},
+		{name: "IPv6 DNAT and masquerade chain", f: family.IPv6, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1) },
+			want:  []string{`-j DNAT --to-destination \[fd00:64::1\]:8080$`, `^-A DSPROXY-MASQ-NONLOCAL -s fd00:64::/48 -j RETURN$`},
+			avoid: []string{`10\.64\.0\.0/16`}},
+		{name: "masqueradeAll", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1) },
+			node: func(n *proxier.NodeConfig) { n.MasqueradeAll = true },
+			want: []string{`^-A DSPROXY-SVC-\S+ .*--dport 80 -j DSPROXY-MARK-MASQ$`}},
+		{name: "affinity", f: family.IPv4, ps: func(f *family.Family) *model.PortState {
+			ps := port(f, "s", 1, 1, 2)
+			ps.AffinitySeconds = 600
+			return ps
+		}, want: []string{`-m recent --name (DSPROXY-SEP-\S+) --rcheck --seconds 600 --reap -j DSPROXY-SEP-`, `-m recent --name DSPROXY-SEP-\S+ --set -j DNAT`}},
+		{name: "no endpoints rejects, TCP with a reset", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1) },
+			want:  []string{`^-A DSPROXY-SERVICES .*-d 10\.96\.0\.1/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with tcp-reset$`},
+			avoid: []string{`-j DSPROXY-SVC-`}},
+		{name: "service CIDR and other ports", f: family.IPv6, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1) },
+			want: []string{`^-A DSPROXY-SERVICES .*-d fd00:96::1/128 -j REJECT$`, `^-A DSPROXY-SERVICES .*-d fd00:96::/112 -j DROP$`}},
+		{name: "load balancer source ranges", f: family.IPv4, ps: lb,
+			want: []string{`^-A DSPROXY-SERVICES .*-d 203\.0\.113\.7/32 -p tcp -m tcp --dport 80 -j DSPROXY-FW-`,
+				`^-A DSPROXY-FW-\S+ .*-s 198\.51\.100\.0/24 -j DSPROXY-EXT-`,
+				`^-A DSPROXY-PROXY-FIREWALL .*-d 203\.0\.113\.7/32 -p tcp -m tcp --dport 80 -j DROP$`,
+				`^-A DSPROXY-NODEPORTS .*--dport 30007 -j DSPROXY-EXT-`,
+				`^-A DSPROXY-EXT-\S+ .*-j DSPROXY-MARK-MASQ$`,
+				`^-A DSPROXY-SERVICES .*! -d 127\.0\.0\.0/8 -m addrtype --dst-type LOCAL -j DSPROXY-NODEPORTS$`}},
+		{name: "ETP Local without local endpoints", f: family.IPv6, ps: func(f *family.Family) *model.PortState {
+			ps := lb(f)
+			ps.ExternalPolicyLocal = true
+			return ps
+		}, want: []string{`^-A DSPROXY-EXT-\S+ .*-s fd00:64::/48 -j DSPROXY-SVC-`,
+			`^-A DSPROXY-EXT-\S+ .*-m addrtype --src-type LOCAL -j DSPROXY-MARK-MASQ$`,
+			`^-A DSPROXY-EXTERNAL-SERVICES .*! -d ::1/128 -m addrtype --dst-type LOCAL -p tcp -m tcp --dport 30007 -j DROP$`},
+			avoid: []string{`-j DSPROXY-SVL-`}},
+		{name: "reserved NodePort of the other family", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1) },
+			node: func(n *proxier.NodeConfig) {
+				n.ReservedNodePorts = []nodeport.Key{{Protocol: v1.ProtocolUDP, Port: 30500}}
+				n.NodePortAddresses = nodeport.Addresses{Family: n.Family, Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}}
+			},
+			want: []string{`^-A DSPROXY-EXTERNAL-SERVICES .*-d 192\.0\.2\.1/32 -p udp -m udp --dport 30500 -j REJECT$`,
+				`^-A DSPROXY-SERVICES .*-d 192\.0\.2\.1/32 -j DSPROXY-NODEPORTS$`}},
+	}
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			b, r := newBackend(t, c.f)
+			n := node(c.f)
+			if c.node != nil {
+				c.node(n)
+			}
+			sync(t, b, &proxier.SyncRequest{Full: true, State: state(c.ps(c.f)), Node: n})
+			lines := strings.Split(r.last(), "\n")
+			for _, w := range c.want {
+				re := regexp.MustCompile(w)
+				if !slices.ContainsFunc(lines, re.MatchString) {
+					t.Errorf("no line matches %s in:\n%s", w, r.last())
+				}
+			}
+			for _, a := range c.avoid {
+				re := regexp.MustCompile(a)
+				if i := slices.IndexFunc(lines, re.MatchString); i >= 0 {
+					t.Errorf("line %q matches %s", lines[i], a)
+				}
+			}
+		})
+	}
+}
