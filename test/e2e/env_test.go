@@ -80,6 +80,8 @@ type env struct {
 	mu    sync.Mutex
 	proc  *proc
 	procs []*proc
+	// args are more flags for the next dsproxy started (e.g. --proxy-mode).
+	args []string
 }
 
 // proc is one dsproxy process.
@@ -252,6 +254,7 @@ func (e *env) startDsproxy(t *testing.T) *proc {
 		"--cluster-cidr", "10.64.0.0/16,fd00:64::/56",
 		"--metrics-bind-address", "127.0.0.1:10249",
 		"-v=2")
+	cmd.Args = append(cmd.Args, e.args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start dsproxy: %v", err)

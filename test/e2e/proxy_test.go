@@ -43,6 +43,7 @@ func TestProxy(t *testing.T) {
 		"f1",             // FamilyPolicy
 		"d1",             // Delete
 		"r1", "r2", "r3", // DsproxyRestart
+		"m1", "m2", "m3", // ModeSwitch
 		"k1", "k2", // APIServerRestart
 	)
 	t.Run("Services", func(t *testing.T) { testServices(t, e) })
@@ -50,6 +51,7 @@ func TestProxy(t *testing.T) {
 	t.Run("FamilyPolicy", func(t *testing.T) { testFamilyPolicy(t, e) })
 	t.Run("Delete", func(t *testing.T) { testDelete(t, e) })
 	t.Run("DsproxyRestart", func(t *testing.T) { testDsproxyRestart(t, e) })
+	t.Run("ModeSwitch", func(t *testing.T) { testModeSwitch(t, e) })
 	// Before APIServerRestart: a restarted kube-apiserver briefly answers
 	// "forbidden" to everyone until its RBAC authorizer has caught up.
 	t.Run("Manifests", func(t *testing.T) { testManifests(t, e) })
@@ -375,6 +377,114 @@ func testDsproxyRestart(t *testing.T, e *env) {
 	for _, ec := range echoes {
 		if err := ec.ping(); err != nil {
 			e.errorf(t, "long-lived connection after the restart: %v", err)
+		}
+	}
+	e.checkAlive(t)
+}
+
+// testModeSwitch restarts dsproxy in iptables mode and then back in nftables
+// mode while clients keep dialling a dual-stack Service's ClusterIPs (from the
+// node and a pod) and NodePorts (from outside), and long-lived connections keep
+// exchanging data: no connection may fail. In iptables mode dsproxy follows an
+// endpoint change; each mode, once it has programmed both families, removes the
+// other mode's rules.
+func testModeSwitch(t *testing.T, e *env) {
+	sel := map[string]string{"app": "mode"}
+	e.addPods(t, sel, true, "m1", "m2")
+	svc := e.createService(t, service("mode", corev1.ServiceTypeNodePort, nil, sel, tcpHTTP, tcpEcho))
+	var (
+		vips    []netip.AddrPort
+		targets []probeTarget
+		echoes  []*echoConn
+	)
+	for _, f := range families {
+		vip, _ := clusterIP(svc, f, svcPort)
+		np := netip.AddrPortFrom(nodeIP(f), nodePort(svc, "tcp"))
+		vips = append(vips, vip)
+		targets = append(targets, probeTarget{e.c.Node, vip}, probeTarget{e.client, vip}, probeTarget{e.external, np})
+	}
+	if _, err := waitBackends(e.c.Node, vips, []string{"m1", "m2"}, 15*time.Second); err != nil {
+		e.fatalf(t, "before the switch: %v", err)
+	}
+	for _, f := range families {
+		echo, _ := clusterIP(svc, f, echoPort)
+		ec, err := openEcho(e.c.Node, echo)
+		if err != nil {
+			e.fatalf(t, "long-lived connection to %s: %v", echo, err)
+		}
+		t.Cleanup(func() { ec.c.Close() })
+		echoes = append(echoes, ec)
+	}
+	// kernelState reports whether dsproxy's nftables tables and its iptables
+	// chains are in the node.
+	kernelState := func() (nftTables, iptChains bool) {
+		out, _ := netns.Exec(e.c.Node, "nft", "list", "tables")
+		nftTables = strings.Contains(out, "dsproxy")
+		for _, save := range []string{"iptables-save", "ip6tables-save"} {
+			out, _ := netns.Exec(e.c.Node, save)
+			iptChains = iptChains || strings.Contains(out, "DSPROXY-SERVICES")
+		}
+		return nftTables, iptChains
+	}
+	waitKernel := func(wantNFT, wantIPT bool) {
+		t.Helper()
+		deadline := time.Now().Add(converge)
+		for {
+			n, i := kernelState()
+			if n == wantNFT && i == wantIPT {
+				return
+			}
+			if time.Now().After(deadline) {
+				e.errorf(t, "dsproxy nftables tables present %v (want %v), DSPROXY- iptables chains present %v (want %v)", n, wantNFT, i, wantIPT)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	switchTo := func(mode string, args ...string) {
+		t.Helper()
+		old := e.cur()
+		if err := old.stop(); err != nil {
+			e.errorf(t, "dsproxy (pid %d) on SIGTERM: %v", old.pid, err)
+		}
+		e.mu.Lock()
+		e.args = args
+		e.mu.Unlock()
+		start := time.Now()
+		p := e.startDsproxy(t)
+		if err := p.waitLog(30*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`); err != nil {
+			e.errorf(t, "dsproxy in %s mode: %v", mode, err)
+		}
+		t.Logf("dsproxy (pid %d) in %s mode synced %v after start", p.pid, mode, time.Since(start).Round(time.Millisecond))
+	}
+
+	pr := startProber(20*time.Millisecond, targets, echoes)
+	time.Sleep(300 * time.Millisecond)
+	switchTo("iptables", "--proxy-mode", "iptables")
+	waitKernel(false, true)
+	e.addPods(t, sel, true, "m3")
+	took, err := waitBackends(e.c.Node, vips, []string{"m1", "m2", "m3"}, converge)
+	if err != nil {
+		e.errorf(t, "iptables mode does not follow the endpoint change: %v", err)
+	}
+	t.Logf("iptables mode followed an endpoint change in %v", took.Round(time.Millisecond))
+	switchTo("nftables")
+	waitKernel(true, false)
+	if _, err := waitBackends(e.c.Node, vips, []string{"m1", "m2", "m3"}, converge); err != nil {
+		e.errorf(t, "back in nftables mode: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	dials, failures := pr.finish()
+	t.Logf("%d dials, %d long-lived pings across both switches", dials, echoes[0].n+echoes[1].n)
+	if dials < 3*len(targets) {
+		e.errorf(t, "only %d dials across the switches; the prober did not keep up", dials)
+	}
+	if len(failures) > 0 {
+		e.errorf(t, "%d of %d connections failed across the mode switches:\n%s", len(failures), dials, strings.Join(failures, "\n"))
+	}
+	for _, ec := range echoes {
+		if err := ec.ping(); err != nil {
+			e.errorf(t, "long-lived connection after the switches: %v", err)
 		}
 	}
 	e.checkAlive(t)
