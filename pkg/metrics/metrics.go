@@ -37,6 +37,7 @@ const (
 	labelFamily        = "ip_family"
 	labelPolicy        = "traffic_policy"
 	labelCode          = "code"
+	labelTable         = "table"
 )
 
 // Traffic policy label values of kubeproxy_sync_proxy_rules_no_local_endpoints_total.
@@ -84,6 +85,12 @@ type Metrics struct {
 	noLocalEndpoints   *prometheus.GaugeVec
 	healthzTotal       *prometheus.CounterVec
 	livezTotal         *prometheus.CounterVec
+
+	// iptables mode only (no series in other modes).
+	iptRestoreFailures        *prometheus.CounterVec
+	iptPartialRestoreFailures *prometheus.CounterVec
+	iptRulesTotal             *prometheus.GaugeVec
+	iptRulesLast              *prometheus.GaugeVec
 
 	kernelOps    *prometheus.HistogramVec
 	transactions *prometheus.CounterVec
@@ -205,6 +212,26 @@ func newMetrics(now func() time.Time) *Metrics {
 			Name:      "sync_errors_total",
 			Help:      "Syncs that failed (and are retried as full syncs)",
 		}, []string{labelFamily}),
+		iptRestoreFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: kubeProxySubsystem,
+			Name:      "sync_proxy_rules_iptables_restore_failures_total",
+			Help:      "Cumulative proxy iptables restore failures",
+		}, []string{labelFamily}),
+		iptPartialRestoreFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: kubeProxySubsystem,
+			Name:      "sync_proxy_rules_iptables_partial_restore_failures_total",
+			Help:      "Cumulative proxy iptables partial restore failures",
+		}, []string{labelFamily}),
+		iptRulesTotal: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Subsystem: kubeProxySubsystem,
+			Name:      "sync_proxy_rules_iptables_total",
+			Help:      "Total number of iptables rules owned by kube-proxy",
+		}, []string{labelTable, labelFamily}),
+		iptRulesLast: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Subsystem: kubeProxySubsystem,
+			Name:      "sync_proxy_rules_iptables_last",
+			Help:      "Number of iptables rules written by kube-proxy in last sync",
+		}, []string{labelTable, labelFamily}),
 
 		now:                now,
 		start:              now(),
@@ -216,6 +243,7 @@ func newMetrics(now func() time.Time) *Metrics {
 		m.programming, m.endpointsPending, m.endpointsTotal, m.servicesPending,
 		m.servicesTotal, m.noLocalEndpoints, m.healthzTotal, m.livezTotal,
 		m.kernelOps, m.transactions, m.repairs, m.syncErrors,
+		m.iptRestoreFailures, m.iptPartialRestoreFailures, m.iptRulesTotal, m.iptRulesLast,
 	}
 	m.registry = prometheus.NewRegistry()
 	m.registry.MustRegister(m,
@@ -276,6 +304,18 @@ func (m *Metrics) SyncDone(f *family.Family, full bool, d time.Duration, res pro
 	}
 	if res.Repairs > 0 {
 		m.repairs.WithLabelValues(fam).Add(float64(res.Repairs))
+	}
+	if res.RestoreFailed {
+		m.iptRestoreFailures.WithLabelValues(fam).Inc()
+		if res.PartialRestore {
+			m.iptPartialRestoreFailures.WithLabelValues(fam).Inc()
+		}
+	}
+	for table, n := range res.RulesWritten {
+		m.iptRulesLast.WithLabelValues(table, fam).Set(float64(n))
+	}
+	for table, n := range res.RulesTotal {
+		m.iptRulesTotal.WithLabelValues(table, fam).Set(float64(n))
 	}
 	switch {
 	case err == nil:

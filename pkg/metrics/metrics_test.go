@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -62,10 +63,15 @@ var kubeProxyNames = map[string]string{
 	"kubeproxy_sync_proxy_rules_no_local_endpoints_total":      "gauge",
 	"kubeproxy_proxy_healthz_total":                            "counter",
 	"kubeproxy_proxy_livez_total":                              "counter",
-	"dsproxy_kernel_transaction_operations":                    "histogram",
-	"dsproxy_kernel_transactions_total":                        "counter",
-	"dsproxy_resync_repairs_total":                             "counter",
-	"dsproxy_sync_errors_total":                                "counter",
+	// iptables mode
+	"kubeproxy_sync_proxy_rules_iptables_restore_failures_total":         "counter",
+	"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total": "counter",
+	"kubeproxy_sync_proxy_rules_iptables_total":                          "gauge",
+	"kubeproxy_sync_proxy_rules_iptables_last":                           "gauge",
+	"dsproxy_kernel_transaction_operations":                              "histogram",
+	"dsproxy_kernel_transactions_total":                                  "counter",
+	"dsproxy_resync_repairs_total":                                       "counter",
+	"dsproxy_sync_errors_total":                                          "counter",
 }
 
 func TestNamesAndTypes(t *testing.T) {
@@ -73,6 +79,8 @@ func TestNamesAndTypes(t *testing.T) {
 	// Touch every vector so that it exports a series.
 	m.SyncDone(family.IPv4, true, time.Millisecond, proxier.SyncResult{Operations: 1, Transactions: 1, Repairs: 1}, errors.New("x"))
 	m.SyncDone(family.IPv4, false, time.Millisecond, proxier.SyncResult{}, nil)
+	m.SyncDone(family.IPv6, false, time.Millisecond, proxier.SyncResult{RestoreFailed: true, PartialRestore: true}, errors.New("x"))
+	m.SyncDone(family.IPv6, true, time.Millisecond, proxier.SyncResult{RulesWritten: map[string]int{"nat": 1}, RulesTotal: map[string]int{"nat": 1}}, nil)
 	m.SyncQueued(family.IPv4)
 	m.ObserveProgramming(family.IPv4, epoch.Add(time.Second))
 	m.SetNoLocalEndpoints(family.IPv4, 0, 0)
@@ -474,5 +482,39 @@ func TestConcurrent(t *testing.T) {
 	wg.Wait()
 	if got := toFloat64(m.transactions.WithLabelValues("IPv4")); got != 400 {
 		t.Errorf("IPv4 transactions %v, want 400", got)
+	}
+}
+
+// TestIPTablesRuleMetrics: the iptables mode's rule counts and restore failures
+// carry kube-proxy's labels and follow each sync.
+func TestIPTablesRuleMetrics(t *testing.T) {
+	m, _ := newTest()
+	m.SyncDone(family.IPv6, true, time.Millisecond, proxier.SyncResult{
+		RulesWritten: map[string]int{"nat": 30, "filter": 4}, RulesTotal: map[string]int{"nat": 30, "filter": 4}}, nil)
+	m.SyncDone(family.IPv6, false, time.Millisecond, proxier.SyncResult{
+		RulesWritten: map[string]int{"nat": 12, "filter": 4}, RulesTotal: map[string]int{"nat": 33, "filter": 4}}, nil)
+	m.SyncDone(family.IPv4, false, time.Millisecond, proxier.SyncResult{RestoreFailed: true, PartialRestore: true}, errors.New("x"))
+	m.SyncDone(family.IPv4, true, time.Millisecond, proxier.SyncResult{RestoreFailed: true}, errors.New("x"))
+	want := `
+# HELP kubeproxy_sync_proxy_rules_iptables_last Number of iptables rules written by kube-proxy in last sync
+# TYPE kubeproxy_sync_proxy_rules_iptables_last gauge
+kubeproxy_sync_proxy_rules_iptables_last{ip_family="IPv6",table="filter"} 4
+kubeproxy_sync_proxy_rules_iptables_last{ip_family="IPv6",table="nat"} 12
+# HELP kubeproxy_sync_proxy_rules_iptables_total Total number of iptables rules owned by kube-proxy
+# TYPE kubeproxy_sync_proxy_rules_iptables_total gauge
+kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv6",table="filter"} 4
+kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv6",table="nat"} 33
+# HELP kubeproxy_sync_proxy_rules_iptables_restore_failures_total Cumulative proxy iptables restore failures
+# TYPE kubeproxy_sync_proxy_rules_iptables_restore_failures_total counter
+kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"} 2
+# HELP kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total Cumulative proxy iptables partial restore failures
+# TYPE kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total counter
+kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv4"} 1
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want),
+		"kubeproxy_sync_proxy_rules_iptables_last", "kubeproxy_sync_proxy_rules_iptables_total",
+		"kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+		"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"); err != nil {
+		t.Error(err)
 	}
 }

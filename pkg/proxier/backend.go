@@ -49,6 +49,15 @@ type SyncResult struct {
 	Transactions int
 	// Repairs counts differences between kernel and cache found by a full sync.
 	Repairs int
+	// RulesWritten and RulesTotal count, per table, the rules the sync wrote and
+	// the rules the backend owns after it (the iptables backend; kube-proxy's
+	// sync_proxy_rules_iptables_last and _total). Nil for other backends.
+	RulesWritten, RulesTotal map[string]int
+	// RestoreFailed says the sync's iptables-restore failed, and PartialRestore
+	// that the sync was a partial one (kube-proxy's
+	// sync_proxy_rules_iptables_restore_failures_total and
+	// sync_proxy_rules_iptables_partial_restore_failures_total).
+	RestoreFailed, PartialRestore bool
 }
 
 // LocalMode is how traffic from local pods is told apart, as kube-proxy's

@@ -42,8 +42,10 @@ type Backend struct {
 	f    *family.Family
 	r    Runner
 	opts Options
-	// written holds, per service port, the chains the last syncs created for it.
-	written map[model.ServicePortName][]string
+	// written holds, per service port, the chains the last syncs created for it,
+	// and portRules how many nat rules they hold.
+	written   map[model.ServicePortName][]string
+	portRules map[model.ServicePortName]int
 	// synced is false until a sync succeeds and after a failed one: the next sync
 	// then rewrites and reconciles everything.
 	synced bool
@@ -56,7 +58,7 @@ func New(f *family.Family, r Runner, opts Options) (*Backend, error) {
 	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("iptables: masquerade bit %d is not in [0, 31]", opts.MasqueradeBit)
 	}
-	return &Backend{f: f, r: r, opts: opts, written: map[model.ServicePortName][]string{}}, nil
+	return &Backend{f: f, r: r, opts: opts, written: map[model.ServicePortName][]string{}, portRules: map[model.ServicePortName]int{}}, nil
 }
 
 // routeLocalnet is the sysctl localhost NodePorts need.
@@ -108,13 +110,17 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		c.globalRules(s, &nat, &filter)
 	}
 	c.nodeRules(shapes, &nat, &filter)
+	globalNAT := nat.n
 
-	var res proxier.SyncResult
+	res := proxier.SyncResult{PartialRestore: !rewriteAll}
 	written := map[model.ServicePortName][]string{}
+	portRules := map[model.ServicePortName]int{}
 	if rewriteAll {
 		want := map[string]bool{}
 		for _, s := range shapes {
+			n := nat.n
 			c.portChains(s, &nat)
+			portRules[s.ps.Name] = nat.n - n
 			written[s.ps.Name] = s.chains()
 			for _, ch := range written[s.ps.Name] {
 				want[ch] = true
@@ -156,15 +162,18 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 			}
 		}
 	} else {
-		written = maps.Clone(b.written)
+		written, portRules = maps.Clone(b.written), maps.Clone(b.portRules)
 		for _, n := range req.Changed {
 			var now []string
 			if s := byName[n]; s != nil {
+				before := nat.n
 				c.portChains(s, &nat)
+				portRules[n] = nat.n - before
 				now = s.chains()
 				written[n] = now
 			} else {
 				delete(written, n)
+				delete(portRules, n)
 			}
 			for _, ch := range b.written[n] {
 				if !slices.Contains(now, ch) {
@@ -177,10 +186,17 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	filter.writeTo(&in, "filter")
 	nat.writeTo(&in, "nat")
 	if err := b.r.Restore(ctx, []byte(in.String())); err != nil {
+		res.RestoreFailed = true
 		return res, err
 	}
 	res.Operations, res.Transactions = nat.n+filter.n, 1
-	b.written = written
+	b.written, b.portRules = written, portRules
+	total := globalNAT
+	for _, n := range portRules {
+		total += n
+	}
+	res.RulesWritten = map[string]int{"nat": nat.n, "filter": filter.n}
+	res.RulesTotal = map[string]int{"nat": total, "filter": filter.n}
 	if c.localhostNP {
 		if err := ensureSysctl(routeLocalnet, "1"); err != nil {
 			return res, err
@@ -221,7 +237,7 @@ func ensureSysctl(path, v string) error {
 // Cleanup implements proxier.Backend: every DSPROXY- chain of the family goes, with
 // every rule that jumps to one.
 func (b *Backend) Cleanup(ctx context.Context) error {
-	b.synced, b.written = false, map[model.ServicePortName][]string{}
+	b.synced, b.written, b.portRules = false, map[model.ServicePortName][]string{}, map[model.ServicePortName]int{}
 	save, err := b.r.Save(ctx, "")
 	if err != nil {
 		return err

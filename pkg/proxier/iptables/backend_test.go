@@ -316,3 +316,28 @@ func TestRules(t *testing.T) {
 		})
 	}
 }
+
+// The rule totals a partial sync reports equal what a full sync of the same state
+// writes.
+func TestRuleTotals(t *testing.T) {
+	f := family.IPv4
+	b, _ := newBackend(t, f)
+	a, c := port(f, "a", 1, 1, 2), port(f, "c", 2, 3)
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(a, c), Node: node(f)})
+	c2 := port(f, "c", 2, 3, 4, 5)
+	res := sync(t, b, &proxier.SyncRequest{State: state(a, c2), Changed: []model.ServicePortName{c2.Name}, Node: node(f)})
+	if !res.PartialRestore {
+		t.Error("partial sync not reported as partial")
+	}
+	fresh, _ := newBackend(t, f)
+	full := sync(t, fresh, &proxier.SyncRequest{Full: true, State: state(a, c2), Node: node(f)})
+	if res.RulesTotal["nat"] != full.RulesTotal["nat"] || res.RulesTotal["filter"] != full.RulesTotal["filter"] {
+		t.Errorf("after a partial sync: totals %v, a full sync of the same state writes %v", res.RulesTotal, full.RulesWritten)
+	}
+	if res.RulesWritten["nat"] >= full.RulesWritten["nat"] {
+		t.Errorf("partial sync wrote %d nat rules, a full one %d", res.RulesWritten["nat"], full.RulesWritten["nat"])
+	}
+	if full.RulesTotal["nat"] != full.RulesWritten["nat"] {
+		t.Errorf("full sync: total %d nat rules, wrote %d", full.RulesTotal["nat"], full.RulesWritten["nat"])
+	}
+}
