@@ -88,6 +88,15 @@ func (r *Runner) EnsureRule(table, chain string, rule ...string) (bool, error) {
 	return true, nil
 }
 
+// ChainExists reports whether table has chain.
+func (r *Runner) ChainExists(table, chain string) (bool, error) {
+	ok, err := r.ipt.ChainExists(table, chain)
+	if err != nil {
+		return false, fmt.Errorf("%s -t %s: listing chain %s: %w", r.f.IPTablesCommand, table, chain, err)
+	}
+	return ok, nil
+}
+
 // Chains returns, per table of a save, the chains whose names start with prefix.
 func Chains(save, prefix string) map[string][]string {
 	out := map[string][]string{}

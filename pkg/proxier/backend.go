@@ -27,6 +27,15 @@ type Backend interface {
 	Cleanup(ctx context.Context) error
 }
 
+// FlushDetector is the optional part of a Backend that can tell cheaply whether
+// someone else flushed its kernel state since its last full sync (kube-proxy's
+// iptables canary chains: a firewall reload empties every table). The proxier
+// asks it when a sync finds nothing to do, so the periodic check sync repairs a
+// flush within one check period, and turns such a sync into a full one.
+type FlushDetector interface {
+	Flushed(ctx context.Context) bool
+}
+
 // SyncRequest is what one sync must program.
 type SyncRequest struct {
 	Full bool

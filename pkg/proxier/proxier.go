@@ -317,8 +317,13 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 		NodeChanged: !nodeCfg.Equal(p.lastNode),
 	}
 	if !req.Full && !req.NodeChanged && len(req.Changed) == 0 {
-		p.observeProgramming(changed)
-		return nil
+		d, ok := p.cfg.Backend.(FlushDetector)
+		if !ok || !d.Flushed(ctx) {
+			p.observeProgramming(changed)
+			return nil
+		}
+		klog.InfoS("Rules were flushed by someone else; resyncing everything", "ipFamily", p.cfg.Family.Name)
+		full, req.Full = true, true
 	}
 	res, err := p.cfg.Backend.Sync(ctx, req)
 	if p.cfg.Observer != nil {

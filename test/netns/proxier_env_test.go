@@ -122,6 +122,19 @@ func (n inNS) Sync(ctx context.Context, req *proxier.SyncRequest) (res proxier.S
 	return res, err
 }
 
+// Flushed forwards proxier.FlushDetector to a backend that has it.
+func (n inNS) Flushed(ctx context.Context) bool {
+	d, ok := n.b.(proxier.FlushDetector)
+	if !ok {
+		return false
+	}
+	flushed := false
+	if err := RunIn(n.ns, func() error { flushed = d.Flushed(ctx); return nil }); err != nil {
+		return true
+	}
+	return flushed
+}
+
 func (n inNS) Cleanup(ctx context.Context) error {
 	return RunIn(n.ns, func() error { return n.b.Cleanup(ctx) })
 }

@@ -16,6 +16,8 @@ import (
 // backend: a full sync on an untouched kernel repairs nothing; after someone
 // deletes the jump from nat PREROUTING, or flushes DSPROXY-SERVICES, traffic
 // breaks and the next full sync fixes it (the missing jump counted as a repair);
+// after a firewall reload empties every table, the next periodic check sync
+// notices (the canary chain is gone) and resyncs everything;
 // Cleanup removes every DSPROXY- chain and jump in both families and leaves
 // other rules alone.
 func TestIPTablesRepairAndCleanup(t *testing.T) {
@@ -29,12 +31,6 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 	s := svcSpec{name: "web", n: 30, typ: "NodePort", nodePort: 30300, eps: pods}
 	e.apply(s)
 	e.sync(false)
-	// Someone else's rules, which cleanup must keep.
-	for _, f := range family.All {
-		if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "filter", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"); err != nil {
-			e.fatalf(t, "%s: adding a foreign rule: %v %s", f, err, out)
-		}
-	}
 	vip := func(f *family.Family) netip.AddrPort { return netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort) }
 	works := func(t *testing.T, f *family.Family) {
 		t.Helper()
@@ -74,12 +70,29 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 			broken(t, f, "flushing DSPROXY-SERVICES")
 			e.syncFamily(f, true)
 			works(t, f)
+			// 3. A firewall reload: every table of the family emptied, chains and
+			// all. The next periodic check (a sync with nothing to do) sees the
+			// canary gone and resyncs everything.
+			if out, err := ExecStdin(e.c.Node, strings.NewReader("*mangle\nCOMMIT\n*nat\nCOMMIT\n*filter\nCOMMIT\n"), ipt+"-restore"); err != nil {
+				e.fatalf(t, "emptying the tables: %v %s", err, out)
+			}
+			broken(t, f, "a firewall reload")
+			if res := e.syncFamily(f, false); res.Repairs == 0 {
+				e.fatalf(t, "%s: check sync after a firewall reload: 0 repairs", f)
+			}
+			works(t, f)
 			if res := e.syncFamily(f, true); res.Repairs != 0 {
 				e.fatalf(t, "%s: full sync after the repairs: %d repairs", f, res.Repairs)
 			}
 		})
 	}
 	t.Run("cleanup", func(t *testing.T) {
+		// Someone else's rules, which cleanup must keep.
+		for _, f := range family.All {
+			if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "filter", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"); err != nil {
+				e.fatalf(t, "%s: adding a foreign rule: %v %s", f, err, out)
+			}
+		}
 		for _, f := range family.All {
 			if err := (inNS{e.c.Node, e.fam[f].ib}).Cleanup(context.Background()); err != nil {
 				e.fatalf(t, "%s cleanup: %v", f, err)

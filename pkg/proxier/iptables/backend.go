@@ -22,6 +22,7 @@ type Runner interface {
 	Restore(ctx context.Context, data []byte) error
 	Save(ctx context.Context, table string) (string, error)
 	EnsureRule(table, chain string, rule ...string) (bool, error)
+	ChainExists(table, chain string) (bool, error)
 	HasRandomFully() bool
 }
 
@@ -51,7 +52,32 @@ type Backend struct {
 	synced bool
 }
 
-var _ proxier.Backend = (*Backend)(nil)
+var (
+	_ proxier.Backend       = (*Backend)(nil)
+	_ proxier.FlushDetector = (*Backend)(nil)
+)
+
+// chainCanary is an empty chain each full sync creates in canaryTables and no
+// other sync does: when it is gone, someone flushed the table (kube-proxy's
+// KUBE-PROXY-CANARY).
+const chainCanary = Prefix + "CANARY"
+
+var canaryTables = []string{"mangle", "nat", "filter"}
+
+// Flushed implements proxier.FlushDetector: it reports whether a canary chain is
+// gone (or cannot be read) since the last successful full sync.
+func (b *Backend) Flushed(context.Context) bool {
+	if !b.synced {
+		return false // the next sync rewrites everything anyway
+	}
+	for _, t := range canaryTables {
+		if ok, err := b.r.ChainExists(t, chainCanary); err != nil || !ok {
+			klog.V(2).InfoS("Canary chain gone", "ipFamily", b.f.Name, "table", t, "err", err)
+			return true
+		}
+	}
+	return false
+}
 
 // New returns the backend of family f.
 func New(f *family.Family, r Runner, opts Options) (*Backend, error) {
@@ -141,12 +167,12 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 			}
 		}
 		for _, ch := range existing["nat"] {
-			if !want[ch] && !slices.Contains(natGlobal, ch) {
+			if !want[ch] && !slices.Contains(natGlobal, ch) && ch != chainCanary {
 				nat.delete(ch)
 			}
 		}
 		for _, ch := range existing["filter"] {
-			if !slices.Contains(filterGlobal, ch) {
+			if !slices.Contains(filterGlobal, ch) && ch != chainCanary {
 				filter.delete(ch)
 			}
 		}
@@ -183,6 +209,13 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		}
 	}
 	var in strings.Builder
+	if reconcile {
+		var mangle rules
+		for _, r := range []*rules{&mangle, &nat, &filter} {
+			r.declare(chainCanary)
+		}
+		mangle.writeTo(&in, "mangle")
+	}
 	filter.writeTo(&in, "filter")
 	nat.writeTo(&in, "nat")
 	if err := b.r.Restore(ctx, []byte(in.String())); err != nil {

@@ -25,7 +25,10 @@ type fakeRunner struct {
 	save     string          // what Save returns for any table
 	jumps    map[string]bool // rules EnsureRule has seen, by table/chain/rule
 	fail     error           // returned by the next Restore
+	flushed  bool            // ChainExists reports every chain gone
 }
+
+func (r *fakeRunner) ChainExists(string, string) (bool, error) { return !r.flushed, nil }
 
 func (r *fakeRunner) Restore(_ context.Context, data []byte) error {
 	if err := r.fail; err != nil {
@@ -130,7 +133,7 @@ func declared(in string) []string {
 
 func perPort(chains []string) []string {
 	return slices.DeleteFunc(slices.Clone(chains), func(c string) bool {
-		return slices.Contains(natGlobal, c) || slices.Contains(filterGlobal, c)
+		return slices.Contains(natGlobal, c) || slices.Contains(filterGlobal, c) || c == chainCanary
 	})
 }
 
@@ -339,5 +342,32 @@ func TestRuleTotals(t *testing.T) {
 	}
 	if full.RulesTotal["nat"] != full.RulesWritten["nat"] {
 		t.Errorf("full sync: total %d nat rules, wrote %d", full.RulesTotal["nat"], full.RulesWritten["nat"])
+	}
+}
+
+// Flushed reports a flush only after a successful sync and while a canary chain
+// is missing; full syncs create the canaries, partial ones do not.
+func TestFlushed(t *testing.T) {
+	f := family.IPv4
+	b, r := newBackend(t, f)
+	r.flushed = true
+	if b.Flushed(context.Background()) {
+		t.Error("Flushed before any sync")
+	}
+	a := port(f, "a", 1, 1)
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)})
+	if got := strings.Count(r.last(), ":"+chainCanary+" - [0:0]\n"); got != 3 {
+		t.Errorf("full sync declares %d canaries, want one in each of mangle, nat and filter:\n%s", got, r.last())
+	}
+	if !b.Flushed(context.Background()) {
+		t.Error("Flushed false with the canary gone")
+	}
+	r.flushed = false
+	if b.Flushed(context.Background()) {
+		t.Error("Flushed true with the canary there")
+	}
+	sync(t, b, &proxier.SyncRequest{State: state(a), Changed: []model.ServicePortName{a.Name}, Node: node(f)})
+	if strings.Contains(r.last(), chainCanary) {
+		t.Errorf("partial sync recreates the canary:\n%s", r.last())
 	}
 }
