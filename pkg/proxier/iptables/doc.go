@@ -35,6 +35,7 @@
 //	  OUTPUT:  DSPROXY-PROXY-FIREWALL, DSPROXY-SERVICES, DSPROXY-FIREWALL
 //	  DSPROXY-SERVICES:          ClusterIP ports without endpoints REJECT (DROP when only other
 //	                             nodes have some); any other port of a ClusterIP REJECT;
+//	                             (for service CIDRs, in DSPROXY-SERVICE-CIDRS) then
 //	                             unallocated addresses of the service CIDRs DROP
 //	  DSPROXY-EXTERNAL-SERVICES: external destinations without endpoints REJECT or DROP;
 //	                             NodePorts the other family reserves REJECT

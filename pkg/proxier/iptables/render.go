@@ -27,11 +27,12 @@ const (
 	chainProxyFirewall    = Prefix + "PROXY-FIREWALL"
 	chainForward          = Prefix + "FORWARD"
 	chainFirewall         = Prefix + "FIREWALL"
+	chainServiceCIDRs     = Prefix + "SERVICE-CIDRS"
 )
 
 var (
 	natGlobal    = []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq, chainMasqNonLocal}
-	filterGlobal = []string{chainServices, chainNodePorts, chainExternalServices, chainProxyFirewall, chainForward, chainFirewall}
+	filterGlobal = []string{chainServices, chainNodePorts, chainExternalServices, chainProxyFirewall, chainForward, chainFirewall, chainServiceCIDRs}
 )
 
 // jump is a rule in a built-in chain that sends traffic to one of the backend's.
@@ -424,19 +425,26 @@ func (c *config) nodeRules(ports []*shape, nat, filter *rules) {
 		filter.add(chainFirewall, comment("block incoming localnet connections"), "-d "+lo, "! -s "+lo, "-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT", "-j DROP")
 	}
 	// Any other port of a ClusterIP is refused; then unallocated service addresses
-	// are dropped.
+	// are dropped. Only traffic to a service CIDR walks DSPROXY-SERVICE-CIDRS: the
+	// load-balanced kind was DNATed to its endpoint before the filter table, so
+	// its new connections pass one rule per CIDR, not two per ClusterIP.
 	seen := map[netip.Addr]bool{}
 	for _, s := range ports {
 		if a := s.ps.ClusterIP; !seen[a] {
 			seen[a] = true
-			c := comment(s.ps.Name.Namespace + "/" + s.ps.Name.Name + " port not served")
-			filter.add(chainServices, c, "-d "+hostPrefix(a), "-p tcp", "-j", reject("tcp"))
-			filter.add(chainServices, c, "-d "+hostPrefix(a), "-j", reject(""))
+			ch := chainServices // a ClusterIP outside every known service CIDR
+			if slices.ContainsFunc(c.node.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+				ch = chainServiceCIDRs
+			}
+			cm := comment(s.ps.Name.Namespace + "/" + s.ps.Name.Name + " port not served")
+			filter.add(ch, cm, "-d "+hostPrefix(a), "-p tcp", "-j", reject("tcp"))
+			filter.add(ch, cm, "-d "+hostPrefix(a), "-j", reject(""))
 		}
 	}
 	for _, p := range c.node.ServiceCIDRs {
-		filter.add(chainServices, comment("unallocated service address"), "-d "+p.Masked().String(), "-j DROP")
+		filter.add(chainServices, comment("service CIDR"), "-d "+p.Masked().String(), "-j", chainServiceCIDRs)
 	}
+	filter.add(chainServiceCIDRs, comment("unallocated service address"), "-j DROP")
 	for _, k := range c.node.ReservedNodePorts {
 		proto := strings.ToLower(string(k.Protocol))
 		for _, d := range c.nodePortDests() {
