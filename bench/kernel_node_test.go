@@ -23,9 +23,11 @@ import (
 
 	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
+	"github.com/dsproxy/dsproxy/pkg/proxier/iptables"
 	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
 	"github.com/dsproxy/dsproxy/test/netns"
 )
@@ -89,7 +91,9 @@ const probePods = 10
 type familyProxier struct {
 	f *family.Family
 	p *proxier.Proxier
-	k *timedKernel
+	k *timedKernel // nil for the iptables backend, which commits with iptables-restore
+	// ib is the iptables backend (nil for nftables).
+	ib *iptables.Backend
 }
 
 // node is the proxy node under test: two family proxiers programming the Node
@@ -174,18 +178,42 @@ func newNode(tb interface {
 	Cleanup(func())
 }, c *netns.Cluster, w Workload, probe int, pods []*netns.NS) *node {
 	tb.Helper()
+	return newNodeMode(tb, c, w, probe, pods, "nftables")
+}
+
+// newNodeMode is newNode with the backend of mode, "nftables" or "iptables".
+func newNodeMode(tb interface {
+	Helper()
+	Fatal(...any)
+	Cleanup(func())
+}, c *netns.Cluster, w Workload, probe int, pods []*netns.NS, mode string) *node {
+	tb.Helper()
 	n := &node{c: c, reg: nodeport.New(logr.Discard()), w: w, probe: probe}
 	for _, f := range family.All {
-		nl, err := nft.NewNetlink(nft.WithNetNSFd(int(c.Node.Handle())))
-		if err != nil {
-			tb.Fatal(err)
+		fp := &familyProxier{f: f}
+		var backend proxier.Backend
+		if mode == "iptables" {
+			r, err := ipt.New(f)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			if fp.ib, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14}); err != nil {
+				tb.Fatal(err)
+			}
+			backend = netns.InNS{NS: c.Node, Backend: fp.ib}
+		} else {
+			nl, err := nft.NewNetlink(nft.WithNetNSFd(int(c.Node.Handle())))
+			if err != nil {
+				tb.Fatal(err)
+			}
+			tb.Cleanup(func() { _ = nl.Close() })
+			fp.k = &timedKernel{Kernel: nl}
+			backend = nftables.New(f, fp.k, nftables.Options{})
 		}
-		tb.Cleanup(func() { _ = nl.Close() })
-		k := &timedKernel{Kernel: nl}
 		p, err := proxier.New(proxier.Config{
 			Family:    f,
 			NodeName:  benchNodeName,
-			Backend:   nftables.New(f, k, nftables.Options{}),
+			Backend:   backend,
 			NodePorts: n.reg,
 			Addrs:     fixedAddrs{netns.NodeIPv4, netns.NodeIPv6},
 			NodeIP:    c.Node.IP(f),
@@ -195,7 +223,8 @@ func newNode(tb interface {
 			tb.Fatal(err)
 		}
 		p.OnServiceCIDRsChanged([]netip.Prefix{serviceCIDR(f)})
-		n.fams = append(n.fams, &familyProxier{f: f, p: p, k: k})
+		fp.p = p
+		n.fams = append(n.fams, fp)
 	}
 	n.o = generateKernel(w, probe, pods)
 	return n
@@ -261,7 +290,9 @@ func (n *node) coldStart(ctx context.Context) (coldStart, error) {
 	cs.peakHeap = mp.stop()
 	cs.peakRSS = peakRSS()
 	for _, fp := range n.fams {
-		cs.kernel[fp.f] = durations(fp.k.take())
+		if fp.k != nil {
+			cs.kernel[fp.f] = durations(fp.k.take())
+		}
 	}
 	runtime.GC()
 	cs.liveHeap = heapObjects()
@@ -276,6 +307,12 @@ func (n *node) coldStart(ctx context.Context) (coldStart, error) {
 // syncOne runs one partial sync of family fp and returns its wall time and the
 // transactions it committed.
 func syncOne(ctx context.Context, fp *familyProxier) (time.Duration, []txTime, error) {
+	if fp.k == nil { // iptables: one restore per sync, timed as the sync
+		start := time.Now()
+		err := fp.p.Sync(ctx, false)
+		d := time.Since(start)
+		return d, []txTime{{d: d}}, err
+	}
 	fp.k.take()
 	start := time.Now()
 	err := fp.p.Sync(ctx, false)
@@ -375,6 +412,15 @@ func (n *node) fullSyncs(ctx context.Context, k int) (map[*family.Family][]time.
 	out := map[*family.Family][]time.Duration{}
 	for range k {
 		for _, fp := range n.fams {
+			if fp.k == nil { // iptables rewrites everything on a full sync
+				start := time.Now()
+				err := fp.p.Sync(ctx, true)
+				out[fp.f] = append(out[fp.f], time.Since(start))
+				if err != nil {
+					return out, fmt.Errorf("%s: %w", fp.f, err)
+				}
+				continue
+			}
 			fp.k.take()
 			start := time.Now()
 			err := fp.p.Sync(ctx, true)
@@ -394,6 +440,10 @@ func (n *node) fullSyncs(ctx context.Context, k int) (map[*family.Family][]time.
 func (n *node) cleanup(ctx context.Context) error {
 	var errs []error
 	for _, fp := range n.fams {
+		if fp.ib != nil {
+			errs = append(errs, netns.InNS{NS: n.c.Node, Backend: fp.ib}.Cleanup(ctx))
+			continue
+		}
 		fp.k.take()
 		errs = append(errs, nftables.New(fp.f, fp.k.Kernel, nftables.Options{}).Cleanup(ctx))
 	}

@@ -105,39 +105,6 @@ const (
 // proxyModes are the modes whose scenarios the harness runs.
 var proxyModes = []string{modeNFTables, modeIPTables}
 
-// inNS runs a backend's syncs and cleanups on a thread inside a network namespace,
-// so that the iptables commands it starts, and the sysctls it writes, are that
-// namespace's.
-type inNS struct {
-	ns *NS
-	b  proxier.Backend
-}
-
-func (n inNS) Sync(ctx context.Context, req *proxier.SyncRequest) (res proxier.SyncResult, err error) {
-	err = RunIn(n.ns, func() error {
-		var serr error
-		res, serr = n.b.Sync(ctx, req)
-		return serr
-	})
-	return res, err
-}
-
-// Flushed forwards proxier.FlushDetector to a backend that has it.
-func (n inNS) Flushed(ctx context.Context) bool {
-	d, ok := n.b.(proxier.FlushDetector)
-	if !ok {
-		return false
-	}
-	flushed := false
-	if err := RunIn(n.ns, func() error { flushed = d.Flushed(ctx); return nil }); err != nil {
-		return true
-	}
-	return flushed
-}
-
-func (n inNS) Cleanup(ctx context.Context) error {
-	return RunIn(n.ns, func() error { return n.b.Cleanup(ctx) })
-}
 
 // syncRecorder is a proxier.Observer keeping the last sync's result.
 type syncRecorder struct {
@@ -254,7 +221,7 @@ func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 		if pf.ib, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14, LocalhostNodePorts: true}); err != nil {
 			e.t.Fatalf("%s: %v", f, err)
 		}
-		backend = inNS{e.c.Node, pf.ib}
+		backend = InNS{e.c.Node, pf.ib}
 	default:
 		nl, err := nft.NewNetlink(nft.WithNetNSFd(int(e.c.Node.Handle())))
 		if err != nil {
