@@ -200,7 +200,7 @@ func newNodeMode(tb interface {
 			if fp.ib, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14}); err != nil {
 				tb.Fatal(err)
 			}
-			backend = netns.InNS{NS: c.Node, Backend: fp.ib}
+			backend = proxier.Within(fp.ib, func(fn func() error) error { return netns.RunIn(c.Node, fn) })
 		} else {
 			nl, err := nft.NewNetlink(nft.WithNetNSFd(int(c.Node.Handle())))
 			if err != nil {
@@ -441,7 +441,7 @@ func (n *node) cleanup(ctx context.Context) error {
 	var errs []error
 	for _, fp := range n.fams {
 		if fp.ib != nil {
-			errs = append(errs, netns.InNS{NS: n.c.Node, Backend: fp.ib}.Cleanup(ctx))
+			errs = append(errs, netns.RunIn(n.c.Node, func() error { return fp.ib.Cleanup(ctx) }))
 			continue
 		}
 		fp.k.take()

@@ -105,7 +105,6 @@ const (
 // proxyModes are the modes whose scenarios the harness runs.
 var proxyModes = []string{modeNFTables, modeIPTables}
 
-
 // syncRecorder is a proxier.Observer keeping the last sync's result.
 type syncRecorder struct {
 	mu   sync.Mutex
@@ -221,7 +220,7 @@ func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 		if pf.ib, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14, LocalhostNodePorts: true}); err != nil {
 			e.t.Fatalf("%s: %v", f, err)
 		}
-		backend = InNS{e.c.Node, pf.ib}
+		backend = proxier.Within(pf.ib, func(fn func() error) error { return RunIn(e.c.Node, fn) })
 	default:
 		nl, err := nft.NewNetlink(nft.WithNetNSFd(int(e.c.Node.Handle())))
 		if err != nil {

@@ -94,7 +94,7 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 			}
 		}
 		for _, f := range family.All {
-			if err := (InNS{e.c.Node, e.fam[f].ib}).Cleanup(context.Background()); err != nil {
+			if err := RunIn(e.c.Node, func() error { return e.fam[f].ib.Cleanup(context.Background()) }); err != nil {
 				e.fatalf(t, "%s cleanup: %v", f, err)
 			}
 		}

@@ -47,6 +47,9 @@ type Backend struct {
 	// and portRules how many nat rules they hold.
 	written   map[model.ServicePortName][]string
 	portRules map[model.ServicePortName]int
+	// content is, per table, what the dispatch chains held after the last
+	// successful sync (after a failure the next sync rewrites them anyway).
+	content map[string]map[string]*chainContent
 	// synced is false until a sync succeeds and after a failed one: the next sync
 	// then rewrites and reconciles everything.
 	synced bool
@@ -125,18 +128,11 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		shapes = append(shapes, &s)
 		byName[n] = &s
 	}
-	var nat, filter rules
-	for _, ch := range natGlobal {
-		nat.declare(ch)
-	}
-	for _, ch := range filterGlobal {
-		filter.declare(ch)
-	}
+	nat, filter := newRules(natGlobal), newRules(filterGlobal)
 	for _, s := range shapes {
-		c.globalRules(s, &nat, &filter)
+		c.globalRules(s, nat, filter)
 	}
-	c.nodeRules(shapes, &nat, &filter)
-	globalNAT := nat.n
+	c.nodeRules(shapes, nat, filter)
 
 	res := proxier.SyncResult{PartialRestore: !rewriteAll}
 	written := map[model.ServicePortName][]string{}
@@ -145,7 +141,7 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		want := map[string]bool{}
 		for _, s := range shapes {
 			n := nat.n
-			c.portChains(s, &nat)
+			c.portChains(s, nat)
 			portRules[s.ps.Name] = nat.n - n
 			written[s.ps.Name] = s.chains()
 			for _, ch := range written[s.ps.Name] {
@@ -193,7 +189,7 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 			var now []string
 			if s := byName[n]; s != nil {
 				before := nat.n
-				c.portChains(s, &nat)
+				c.portChains(s, nat)
 				portRules[n] = nat.n - before
 				now = s.chains()
 				written[n] = now
@@ -208,10 +204,14 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 			}
 		}
 	}
+	// The dispatch chains: rewritten whole when everything is, else only what
+	// changed since the last successful sync.
+	nat.emit(b.content["nat"], rewriteAll)
+	filter.emit(b.content["filter"], rewriteAll)
 	var in strings.Builder
 	if reconcile {
-		var mangle rules
-		for _, r := range []*rules{&mangle, &nat, &filter} {
+		mangle := newRules(nil)
+		for _, r := range []*rules{mangle, nat, filter} {
 			r.declare(chainCanary)
 		}
 		mangle.writeTo(&in, "mangle")
@@ -224,12 +224,17 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	}
 	res.Operations, res.Transactions = nat.n+filter.n, 1
 	b.written, b.portRules = written, portRules
-	total := globalNAT
-	for _, n := range portRules {
-		total += n
-	}
+	b.content = map[string]map[string]*chainContent{"nat": nat.content, "filter": filter.content}
 	res.RulesWritten = map[string]int{"nat": nat.n, "filter": filter.n}
-	res.RulesTotal = map[string]int{"nat": total, "filter": filter.n}
+	res.RulesTotal = map[string]int{"nat": 0, "filter": 0}
+	for table, chains := range b.content {
+		for _, c := range chains {
+			res.RulesTotal[table] += c.len()
+		}
+	}
+	for _, n := range portRules {
+		res.RulesTotal["nat"] += n
+	}
 	if c.localhostNP {
 		if err := ensureSysctl(routeLocalnet, "1"); err != nil {
 			return res, err
@@ -270,7 +275,7 @@ func ensureSysctl(path, v string) error {
 // Cleanup implements proxier.Backend: every DSPROXY- chain of the family goes, with
 // every rule that jumps to one.
 func (b *Backend) Cleanup(ctx context.Context) error {
-	b.synced, b.written, b.portRules = false, map[model.ServicePortName][]string{}, map[model.ServicePortName]int{}
+	b.synced, b.written, b.portRules, b.content = false, map[model.ServicePortName][]string{}, map[model.ServicePortName]int{}, nil
 	save, err := b.r.Save(ctx, "")
 	if err != nil {
 		return err

@@ -137,9 +137,9 @@ func perPort(chains []string) []string {
 	})
 }
 
-// A one-endpoint change rewrites only that port's chains (and the dispatch
-// chains) and removes the chain of the endpoint that went; a deleted port's
-// chains all go.
+// A one-endpoint change rewrites only that port's chain: the dispatch chains are
+// untouched. A new port's dispatch rules are inserted and a deleted port's are
+// deleted by their spec, with its chains; nothing else is rewritten.
 func TestPartialSyncTouchesOnlyChangedPorts(t *testing.T) {
 	for _, f := range family.All {
 		t.Run(f.Name, func(t *testing.T) {
@@ -160,29 +160,35 @@ func TestPartialSyncTouchesOnlyChangedPorts(t *testing.T) {
 			c2 := port(f, "c", 2, 3, 4) // endpoint 5 goes
 			sync(t, b, &proxier.SyncRequest{State: state(a, c2, d), Changed: []model.ServicePortName{c2.Name}, Node: node(f)})
 			in := r.last()
-			sc2 := shapeOf(c2)
-			if got := perPort(declared(in)); !slices.Equal(got, append(sc2.chains(), sepChain(c.Name, &c.Cluster[2]))) {
-				t.Errorf("endpoint change declared %v, want c's chains %v and the removed endpoint's", got, sc2.chains())
+			if got, want := declared(in), []string{svcChain(c.Name)}; !slices.Equal(got, want) {
+				t.Errorf("endpoint change declared %v, want only %v:\n%s", got, want, in)
 			}
-			if want := "-X " + sepChain(c.Name, &c.Cluster[2]) + "\n"; !strings.Contains(in, want) {
-				t.Errorf("endpoint change does not delete the removed endpoint's chain (%q):\n%s", want, in)
-			}
-			if strings.Count(in, "\n-X ") != 1 {
-				t.Errorf("endpoint change deletes more than one chain:\n%s", in)
-			}
-			if strings.Contains(in, ":"+svcChain(a.Name)+" ") || strings.Contains(in, "-A "+svcChain(a.Name)+" ") {
-				t.Errorf("an unchanged port's chain is rewritten:\n%s", in)
+			if n := strings.Count(in, "\n-A ") + strings.Count(in, "\n-I ") + strings.Count(in, "\n-D ") + strings.Count(in, "\n-X "); n != 3 {
+				t.Errorf("endpoint change wrote %d rules, want c's masquerade rule and two DNAT rules:\n%s", n, in)
 			}
 
-			sync(t, b, &proxier.SyncRequest{State: state(a, c2), Changed: []model.ServicePortName{d.Name}, Node: node(f)})
+			e := port(f, "e", 4, 7)
+			sync(t, b, &proxier.SyncRequest{State: state(a, c2, d, e), Changed: []model.ServicePortName{e.Name}, Node: node(f)})
+			in = r.last()
+			if !regexp.MustCompile(`(?m)^-I DSPROXY-SERVICES 1 .*-j ` + svcChain(e.Name) + `$`).MatchString(in) {
+				t.Errorf("adding port e does not insert its dispatch rule:\n%s", in)
+			}
+			if slices.Contains(declared(in), chainServices) {
+				t.Errorf("adding a port rewrites a whole dispatch chain:\n%s", in)
+			}
+
+			sync(t, b, &proxier.SyncRequest{State: state(a, c2, e), Changed: []model.ServicePortName{d.Name}, Node: node(f)})
 			in = r.last()
 			for _, ch := range sd.chains() {
 				if !strings.Contains(in, "-X "+ch+"\n") {
 					t.Errorf("deleting port d does not delete %s:\n%s", ch, in)
 				}
 			}
-			if strings.Contains(in, "10.96.0.3") || strings.Contains(in, "fd00:96::3 ") {
-				t.Errorf("a deleted port is still dispatched to:\n%s", in)
+			if !regexp.MustCompile(`(?m)^-D DSPROXY-SERVICES .*-j ` + svcChain(d.Name) + `$`).MatchString(in) {
+				t.Errorf("deleting port d does not delete its dispatch rule:\n%s", in)
+			}
+			if strings.Contains(in, ":"+chainServices+" ") {
+				t.Errorf("deleting a port rewrites a whole dispatch chain:\n%s", in)
 			}
 		})
 	}
@@ -206,7 +212,7 @@ func TestFullSyncReconciles(t *testing.T) {
 	if res.Repairs != 0 {
 		t.Errorf("first sync: %d repairs, want 0", res.Repairs)
 	}
-	r.save = "*nat\n:" + chainServices + " - [0:0]\n:" + svcChain(a.Name) + " - [0:0]\n:" + sepChain(a.Name, &a.Cluster[0]) + " - [0:0]\nCOMMIT\n"
+	r.save = "*nat\n:" + chainServices + " - [0:0]\n:" + svcChain(a.Name) + " - [0:0]\nCOMMIT\n"
 	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)}); res.Repairs != 0 {
 		t.Errorf("full sync on an untouched kernel: %d repairs", res.Repairs)
 	}
@@ -252,8 +258,9 @@ func TestRules(t *testing.T) {
 	}
 	checks := []check{
 		{name: "three endpoints spread evenly", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1, 2, 3) },
-			want: []string{`^-A DSPROXY-SVC-\S+ .*--probability 0\.3333333333 -j DSPROXY-SEP-`, `--probability 0\.5000000000 -j DSPROXY-SEP-`,
-				`^-A DSPROXY-SEP-\S+ .*-s 10\.64\.0\.1/32 -j DSPROXY-MARK-MASQ$`, `-j DNAT --to-destination 10\.64\.0\.3:8080$`,
+			want: []string{`^-A DSPROXY-SVC-\S+ .*--probability 0\.3333333333 -j DNAT --to-destination 10\.64\.0\.1:8080$`,
+				`--probability 0\.5000000000 -j DNAT --to-destination 10\.64\.0\.2:8080$`,
+				`^-A DSPROXY-SVC-\S+ .*"ns/s:p/TCP -> 10\.64\.0\.3:8080" -p tcp -m tcp -j DNAT --to-destination 10\.64\.0\.3:8080$`,
 				`^-A DSPROXY-SVC-\S+ .*-d 10\.96\.0\.1/32 -p tcp -m tcp --dport 80 -j DSPROXY-MASQ-NONLOCAL$`,
 				`^-A DSPROXY-MASQ-NONLOCAL -s 10\.64\.0\.0/16 -j RETURN$`}},
 		{name: "IPv6 DNAT and masquerade chain", f: family.IPv6, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1) },
@@ -266,7 +273,14 @@ func TestRules(t *testing.T) {
 			ps := port(f, "s", 1, 1, 2)
 			ps.AffinitySeconds = 600
 			return ps
-		}, want: []string{`-m recent --name (DSPROXY-SEP-\S+) --rcheck --seconds 600 --reap -j DSPROXY-SEP-`, `-m recent --name DSPROXY-SEP-\S+ --set -j DNAT`}},
+		}, want: []string{`-m recent --name DSPROXY-SEP-\S+ --rcheck --seconds 600 --reap -j DNAT --to-destination 10\.64\.0\.1:8080$`,
+			`--probability 0\.5000000000 -m recent --name DSPROXY-SEP-\S+ --set -j DNAT --to-destination 10\.64\.0\.1:8080$`}},
+		{name: "hairpin for local endpoints only", f: family.IPv4, ps: func(f *family.Family) *model.PortState {
+			ps := port(f, "s", 1, 1, 2)
+			ps.Cluster[0].Local = true
+			return ps
+		}, want: []string{`^-A DSPROXY-HAIRPIN .*-s 10\.64\.0\.1/32 -d 10\.64\.0\.1/32 -j MASQUERADE$`, `^-A DSPROXY-POSTROUTING -j DSPROXY-HAIRPIN$`},
+			avoid: []string{`-s 10\.64\.0\.2/32 -d`}},
 		{name: "no endpoints rejects, TCP with a reset", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1) },
 			want:  []string{`^-A DSPROXY-SERVICES .*-d 10\.96\.0\.1/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with tcp-reset$`},
 			avoid: []string{`-j DSPROXY-SVC-`}},

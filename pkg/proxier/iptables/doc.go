@@ -3,13 +3,20 @@
 // kube-proxy's iptables mode, with dsproxy's chain prefix so that it never touches,
 // or is touched by, kube-proxy's KUBE- chains.
 //
-// Every sync is one iptables-restore --noflush transaction. It rewrites the
-// dispatch chains (DSPROXY-SERVICES, DSPROXY-NODEPORTS, the filter chains) in full
-// and the per-port chains of the ports that changed; a full sync rewrites every
-// chain, deletes DSPROXY- chains nothing wants and re-inserts any missing jump from
-// a built-in chain. Per service port and family (the hash is the first 16 base32
-// characters of the SHA-256 of the port's name, and for an endpoint of name and
-// endpoint):
+// Every sync is one iptables-restore --noflush transaction, and writes only what
+// changed: the chains of the service ports in req.Changed, and in the dispatch
+// chains (DSPROXY-SERVICES, DSPROXY-NODEPORTS, the filter chains, ...) only the
+// rules that came or went, deleted by their spec and inserted at the top ("-D",
+// "-I ... 1"), so a one-endpoint change rewrites one chain and a Service add or
+// delete a few rules, whatever the number of Services. A full sync (so the first,
+// and one after a failure) rewrites every chain, deletes DSPROXY- chains nothing
+// wants and re-inserts any missing jump from a built-in chain; a node change
+// rewrites every chain. There
+// is no chain per endpoint: a port's chain DNATs itself, with xt_recent lists per
+// endpoint for session affinity, which keeps the rule and chain counts (what
+// iptables-nft's restore time grows with) at about a third of kube-proxy's. Per
+// service port and family (the hash is the first 16 base32 characters of the
+// SHA-256 of the port's name):
 //
 //	nat:
 //	  PREROUTING, OUTPUT:  -j DSPROXY-SERVICES
@@ -19,16 +26,16 @@
 //	                       <nodeport addresses> -j DSPROXY-NODEPORTS       (last)
 //	  DSPROXY-NODEPORTS:   -p <proto> --dport <nodePort> -j DSPROXY-EXT-<h>
 //	  DSPROXY-SVC-<h>:     (clusterIP traffic) -j DSPROXY-MASQ-NONLOCAL, or -j DSPROXY-MARK-MASQ with masqueradeAll
-//	                       affinity: -m recent --rcheck ... -j DSPROXY-SEP-<e> per endpoint
-//	                       -m statistic --mode random --probability 1/(n-i) -j DSPROXY-SEP-<e>
+//	                       affinity: -m recent --name <endpoint list> --rcheck ... -j DNAT per endpoint
+//	                       -m statistic --mode random --probability 1/(n-i) [-m recent --set] -j DNAT
 //	  DSPROXY-SVL-<h>:     the same over the local endpoints (traffic policy Local)
 //	  DSPROXY-EXT-<h>:     ETP Cluster: -j DSPROXY-MARK-MASQ; -j DSPROXY-SVC-<h>
 //	                       ETP Local: <from local pods> -j SVC; <from the node> mark, -j SVC; -j SVL
 //	  DSPROXY-FW-<h>:      -s <source range> -j DSPROXY-EXT-<h>   (the rest falls through; filter drops it)
-//	  DSPROXY-SEP-<e>:     -s <endpoint> -j DSPROXY-MARK-MASQ (hairpin); [affinity --set]; -j DNAT
 //	  DSPROXY-MASQ-NONLOCAL: <from local pods> -j RETURN; -j DSPROXY-MARK-MASQ
 //	  DSPROXY-MARK-MASQ:   -j MARK --or-mark <masquerade bit>
-//	  DSPROXY-POSTROUTING: unmarked RETURN; clear the bit; MASQUERADE [--random-fully]
+//	  DSPROXY-POSTROUTING: -j DSPROXY-HAIRPIN; unmarked RETURN; clear the bit; MASQUERADE [--random-fully]
+//	  DSPROXY-HAIRPIN:     -s <local endpoint> -d <itself> -j MASQUERADE, per local endpoint
 //	filter (new connections):
 //	  INPUT:   DSPROXY-PROXY-FIREWALL, DSPROXY-EXTERNAL-SERVICES, DSPROXY-NODEPORTS, DSPROXY-FIREWALL
 //	  FORWARD: DSPROXY-PROXY-FIREWALL, DSPROXY-FORWARD, DSPROXY-SERVICES, DSPROXY-EXTERNAL-SERVICES

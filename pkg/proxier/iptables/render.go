@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -28,10 +29,11 @@ const (
 	chainForward          = Prefix + "FORWARD"
 	chainFirewall         = Prefix + "FIREWALL"
 	chainServiceCIDRs     = Prefix + "SERVICE-CIDRS"
+	chainHairpin          = Prefix + "HAIRPIN"
 )
 
 var (
-	natGlobal    = []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq, chainMasqNonLocal}
+	natGlobal    = []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq, chainMasqNonLocal, chainHairpin}
 	filterGlobal = []string{chainServices, chainNodePorts, chainExternalServices, chainProxyFirewall, chainForward, chainFirewall, chainServiceCIDRs}
 )
 
@@ -79,7 +81,10 @@ func svcChain(n model.ServicePortName) string { return Prefix + "SVC-" + hash(n.
 func svlChain(n model.ServicePortName) string { return Prefix + "SVL-" + hash(n.String()) }
 func extChain(n model.ServicePortName) string { return Prefix + "EXT-" + hash(n.String()) }
 func fwChain(n model.ServicePortName) string  { return Prefix + "FW-" + hash(n.String()) }
-func sepChain(n model.ServicePortName, ep *model.Endpoint) string {
+
+// recentName names the xt_recent list of one endpoint of a port with session
+// affinity.
+func recentName(n model.ServicePortName, ep *model.Endpoint) string {
 	return Prefix + "SEP-" + hash(n.String()+"|"+ep.String())
 }
 
@@ -120,7 +125,7 @@ func restricted(r []netip.Prefix) bool {
 	return len(r) > 0 && !slices.ContainsFunc(r, func(p netip.Prefix) bool { return p.Bits() == 0 })
 }
 
-// chains lists the per-port chains of a port, the endpoints' included.
+// chains lists the per-port chains of a port.
 func (s *shape) chains() []string {
 	n := s.ps.Name
 	var out []string
@@ -136,32 +141,33 @@ func (s *shape) chains() []string {
 	if s.fw {
 		out = append(out, fwChain(n))
 	}
-	for _, ep := range s.endpoints() {
-		out = append(out, sepChain(n, ep))
-	}
 	return out
 }
 
-// endpoints are the cluster and local endpoints, each once.
-func (s *shape) endpoints() []*model.Endpoint {
-	out := make([]*model.Endpoint, 0, len(s.ps.Cluster)+len(s.ps.Local))
-	seen := make(map[netip.AddrPort]bool, cap(out))
-	for _, list := range [][]model.Endpoint{s.ps.Cluster, s.ps.Local} {
-		for i := range list {
-			if ap := list[i].AddrPort(); !seen[ap] {
-				seen[ap] = true
-				out = append(out, &list[i])
-			}
-		}
-	}
-	return out
-}
-
-// rules is an iptables-restore section being written: chain declarations and rules
-// kept apart, since every declaration must precede the rules.
+// rules is one table's part of an iptables-restore input. Rules of per-port
+// chains go straight to body (their chain declared, so flushed, first). The
+// dispatch chains are collected as content: a head of per-port rules in no
+// particular order and a tail that must stay last; emit then writes each one
+// whole, or only the difference from what the kernel holds.
 type rules struct {
 	decl, body, del strings.Builder
 	n               int // rules written
+	content         map[string]*chainContent
+}
+
+// chainContent is a dispatch chain's rules, each the words after "-A chain".
+type chainContent struct {
+	head, tail []string
+}
+
+func (c *chainContent) len() int { return len(c.head) + len(c.tail) }
+
+func newRules(chains []string) *rules {
+	r := &rules{content: map[string]*chainContent{}}
+	for _, ch := range chains {
+		r.content[ch] = &chainContent{}
+	}
+	return r
 }
 
 func (r *rules) declare(chain string) { fmt.Fprintf(&r.decl, ":%s - [0:0]\n", chain) }
@@ -172,19 +178,85 @@ func (r *rules) delete(chain string) {
 	fmt.Fprintf(&r.del, "-X %s\n", chain)
 }
 
-// add appends one rule to chain; args are words, already quoted where needed.
-func (r *rules) add(chain string, args ...string) {
+// line writes one rule command (-A, -I or -D) to body.
+func (r *rules) line(cmd, chain, rule string) {
 	r.n++
-	r.body.WriteString("-A ")
+	r.body.WriteString(cmd)
+	r.body.WriteByte(' ')
 	r.body.WriteString(chain)
-	for _, a := range args {
-		r.body.WriteByte(' ')
-		r.body.WriteString(a)
-	}
+	r.body.WriteByte(' ')
+	r.body.WriteString(rule)
 	r.body.WriteByte('\n')
 }
 
+// add appends one rule to a per-port chain; args are words, already quoted where
+// needed.
+func (r *rules) add(chain string, args ...string) { r.line("-A", chain, strings.Join(args, " ")) }
+
+// head and tail add a rule to a dispatch chain's head or tail.
+func (r *rules) head(chain string, args ...string) {
+	c := r.content[chain]
+	c.head = append(c.head, strings.Join(args, " "))
+}
+
+func (r *rules) tail(chain string, args ...string) {
+	c := r.content[chain]
+	c.tail = append(c.tail, strings.Join(args, " "))
+}
+
+// emit writes the dispatch chains. A chain is rewritten whole (declared, so
+// flushed, then every rule appended) when rewrite is set, when the kernel's
+// content is unknown (prev lacks it), when its tail changed, or when the change
+// is big; otherwise the head's removed rules are deleted by their spec and its new
+// ones inserted at the top, and an unchanged chain is not written at all.
+func (r *rules) emit(prev map[string]*chainContent, rewrite bool) {
+	for _, ch := range slices.Sorted(maps.Keys(r.content)) {
+		cur, old := r.content[ch], prev[ch]
+		if !rewrite && old != nil && slices.Equal(cur.tail, old.tail) {
+			added, removed := diffLines(old.head, cur.head)
+			if len(added)+len(removed) <= max(len(cur.head)/4, 16) {
+				for _, l := range removed {
+					r.line("-D", ch, l)
+				}
+				for _, l := range slices.Backward(added) {
+					r.line("-I", ch, "1 "+l)
+				}
+				continue
+			}
+		}
+		r.declare(ch)
+		for _, l := range slices.Concat(cur.head, cur.tail) {
+			r.line("-A", ch, l)
+		}
+	}
+}
+
+// diffLines returns the lines of cur missing from old (in cur's order) and those
+// of old missing from cur.
+func diffLines(old, cur []string) (added, removed []string) {
+	in := make(map[string]bool, len(old))
+	for _, l := range old {
+		in[l] = true
+	}
+	for _, l := range cur {
+		if !in[l] {
+			added = append(added, l)
+		}
+		delete(in, l)
+	}
+	for _, l := range old {
+		if in[l] {
+			removed = append(removed, l)
+		}
+	}
+	return added, removed
+}
+
+// writeTo writes the table's section, if it has anything to write.
 func (r *rules) writeTo(out *strings.Builder, table string) {
+	if r.decl.Len()+r.body.Len()+r.del.Len() == 0 {
+		return
+	}
 	fmt.Fprintf(out, "*%s\n", table)
 	out.WriteString(r.decl.String())
 	out.WriteString(r.body.String())
@@ -269,9 +341,9 @@ func (c *config) globalRules(s *shape, nat, filter *rules) {
 		if ps.InternalPolicyLocal {
 			to = svlChain(ps.Name)
 		}
-		nat.add(chainServices, comment(name+" cluster IP"), cip, svcPort, "-j", to)
+		nat.head(chainServices, comment(name+" cluster IP"), cip, svcPort, "-j", to)
 	} else {
-		filter.add(chainServices, comment(name+" has no endpoints"), cip, svcPort, "-j", target)
+		filter.head(chainServices, comment(name+" has no endpoints"), cip, svcPort, "-j", target)
 	}
 	if !ps.ExternallyAccessible() {
 		return
@@ -285,24 +357,24 @@ func (c *config) globalRules(s *shape, nat, filter *rules) {
 			if s.fw && slices.Contains(ps.LoadBalancerVIPs, a) {
 				to = fwChain(ps.Name)
 			}
-			nat.add(chainServices, comment(name+" external IP"), "-d "+hostPrefix(a), svcPort, "-j", to)
+			nat.head(chainServices, comment(name+" external IP"), "-d "+hostPrefix(a), svcPort, "-j", to)
 		}
 		if ps.NodePort != 0 {
-			nat.add(chainNodePorts, comment(name), s.portMatch(strconv.Itoa(int(ps.NodePort))), "-j", extChain(ps.Name))
+			nat.head(chainNodePorts, comment(name), s.portMatch(strconv.Itoa(int(ps.NodePort))), "-j", extChain(ps.Name))
 		}
 	}
 	if s.fw {
 		for _, vip := range ps.LoadBalancerVIPs {
-			filter.add(chainProxyFirewall, comment(name+" traffic not accepted by "+fwChain(ps.Name)), "-d "+hostPrefix(vip), svcPort, "-j DROP")
+			filter.head(chainProxyFirewall, comment(name+" traffic not accepted by "+fwChain(ps.Name)), "-d "+hostPrefix(vip), svcPort, "-j DROP")
 		}
 	}
 	if s.external == 0 {
 		for _, a := range ext {
-			filter.add(chainExternalServices, comment(name+" has no local endpoints"), "-d "+hostPrefix(a), svcPort, "-j", target)
+			filter.head(chainExternalServices, comment(name+" has no local endpoints"), "-d "+hostPrefix(a), svcPort, "-j", target)
 		}
 		if ps.NodePort != 0 {
 			for _, d := range c.nodePortDests() {
-				filter.add(chainExternalServices, comment(name+" has no local endpoints"), d, s.portMatch(strconv.Itoa(int(ps.NodePort))), "-j", target)
+				filter.head(chainExternalServices, comment(name+" has no local endpoints"), d, s.portMatch(strconv.Itoa(int(ps.NodePort))), "-j", target)
 			}
 		}
 	}
@@ -365,34 +437,32 @@ func (c *config) portChains(s *shape, nat *rules) {
 			}
 		}
 	}
-	for _, ep := range s.endpoints() {
-		ch := sepChain(n, ep)
-		nat.add(ch, comment(n.String()), "-s "+hostPrefix(ep.Addr), "-j", chainMarkMasq)
-		aff := ""
-		if ps.AffinitySeconds > 0 {
-			aff = " -m recent --name " + ch + " --set"
-		}
-		nat.add(ch, comment(n.String()), "-p "+s.proto+" -m "+s.proto+aff, "-j DNAT --to-destination", ep.AddrPort().String())
-	}
 }
 
-// balance writes the rules that pick one of eps: the affinity checks, then each
-// endpoint with the probability that makes the choice uniform.
+// balance writes the rules that pick one of eps and DNAT to it: with session
+// affinity first one rule per endpoint for clients it served recently (an
+// xt_recent list per endpoint), then each endpoint with the probability that
+// makes the choice uniform, recording the client in the endpoint's list.
 func (c *config) balance(s *shape, chain string, eps []model.Endpoint, nat *rules) {
 	n := s.ps.Name
-	if aff := s.ps.AffinitySeconds; aff > 0 {
+	proto := "-p " + s.proto + " -m " + s.proto
+	aff := s.ps.AffinitySeconds
+	if aff > 0 {
 		for i := range eps {
-			sep := sepChain(n, &eps[i])
-			nat.add(chain, comment(n.String()+" -> "+eps[i].String()), "-m recent --name "+sep+" --rcheck --seconds "+strconv.Itoa(int(aff))+" --reap", "-j", sep)
+			nat.add(chain, comment(n.String()+" -> "+eps[i].String()), proto,
+				"-m recent --name "+recentName(n, &eps[i])+" --rcheck --seconds "+strconv.Itoa(int(aff))+" --reap",
+				"-j DNAT --to-destination", eps[i].AddrPort().String())
 		}
 	}
 	for i := range eps {
-		sep := sepChain(n, &eps[i])
+		m := proto
 		if left := len(eps) - i; left > 1 {
-			nat.add(chain, comment(n.String()+" -> "+eps[i].String()), "-m statistic --mode random --probability "+strconv.FormatFloat(1/float64(left), 'f', 10, 64), "-j", sep)
-		} else {
-			nat.add(chain, comment(n.String()+" -> "+eps[i].String()), "-j", sep)
+			m += " -m statistic --mode random --probability " + strconv.FormatFloat(1/float64(left), 'f', 10, 64)
 		}
+		if aff > 0 {
+			m += " -m recent --name " + recentName(n, &eps[i]) + " --set"
+		}
+		nat.add(chain, comment(n.String()+" -> "+eps[i].String()), m, "-j DNAT --to-destination", eps[i].AddrPort().String())
 	}
 }
 
@@ -402,27 +472,41 @@ func (c *config) balance(s *shape, chain string, eps []model.Endpoint, nat *rule
 func (c *config) nodeRules(ports []*shape, nat, filter *rules) {
 	f := c.node.Family
 	for _, d := range c.nodePortDests() {
-		nat.add(chainServices, comment("dsproxy service nodeports; NOTE: this must be the last rule in this chain"), d, "-j", chainNodePorts)
+		nat.tail(chainServices, comment("dsproxy service nodeports; NOTE: this must be the last rule in this chain"), d, "-j", chainNodePorts)
 	}
-	nat.add(chainMarkMasq, "-j MARK --or-mark", c.masqBit)
+	nat.tail(chainMarkMasq, "-j MARK --or-mark", c.masqBit)
 	for _, m := range c.localPodMatches() {
-		nat.add(chainMasqNonLocal, m, "-j RETURN")
+		nat.tail(chainMasqNonLocal, m, "-j RETURN")
 	}
-	nat.add(chainMasqNonLocal, "-j", chainMarkMasq)
-	nat.add(chainPostrouting, "-m mark ! --mark", c.masqMark, "-j RETURN")
-	nat.add(chainPostrouting, "-j MARK --xor-mark", c.masqBit)
+	nat.tail(chainMasqNonLocal, "-j", chainMarkMasq)
+	// Hairpin: a local endpoint reached through its own Service leaves with its
+	// own address as destination and source; only local endpoints can.
+	nat.tail(chainPostrouting, "-j", chainHairpin)
+	hairpin := map[netip.Addr]bool{}
+	for _, s := range ports {
+		for _, list := range [][]model.Endpoint{s.ps.Cluster, s.ps.Local} {
+			for i := range list {
+				if a := list[i].Addr; list[i].Local && !hairpin[a] {
+					hairpin[a] = true
+					nat.head(chainHairpin, comment("hairpin"), "-s "+hostPrefix(a), "-d "+hostPrefix(a), "-j MASQUERADE")
+				}
+			}
+		}
+	}
+	nat.tail(chainPostrouting, "-m mark ! --mark", c.masqMark, "-j RETURN")
+	nat.tail(chainPostrouting, "-j MARK --xor-mark", c.masqBit)
 	masq := "-j MASQUERADE"
 	if c.random {
 		masq += " --random-fully"
 	}
-	nat.add(chainPostrouting, comment("dsproxy service traffic requiring SNAT"), masq)
+	nat.tail(chainPostrouting, comment("dsproxy service traffic requiring SNAT"), masq)
 
-	filter.add(chainForward, "-m conntrack --ctstate INVALID", "-j DROP")
-	filter.add(chainForward, comment("dsproxy forwarding rules"), "-m mark --mark", c.masqMark, "-j ACCEPT")
-	filter.add(chainForward, comment("dsproxy forwarding conntrack rule"), "-m conntrack --ctstate RELATED,ESTABLISHED", "-j ACCEPT")
+	filter.tail(chainForward, "-m conntrack --ctstate INVALID", "-j DROP")
+	filter.tail(chainForward, comment("dsproxy forwarding rules"), "-m mark --mark", c.masqMark, "-j ACCEPT")
+	filter.tail(chainForward, comment("dsproxy forwarding conntrack rule"), "-m conntrack --ctstate RELATED,ESTABLISHED", "-j ACCEPT")
 	if c.localhostNP {
 		lo := f.Loopback.String()
-		filter.add(chainFirewall, comment("block incoming localnet connections"), "-d "+lo, "! -s "+lo, "-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT", "-j DROP")
+		filter.tail(chainFirewall, comment("block incoming localnet connections"), "-d "+lo, "! -s "+lo, "-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT", "-j DROP")
 	}
 	// Any other port of a ClusterIP is refused; then unallocated service addresses
 	// are dropped. Only traffic to a service CIDR walks DSPROXY-SERVICE-CIDRS: the
@@ -432,30 +516,34 @@ func (c *config) nodeRules(ports []*shape, nat, filter *rules) {
 	for _, s := range ports {
 		if a := s.ps.ClusterIP; !seen[a] {
 			seen[a] = true
-			ch := chainServices // a ClusterIP outside every known service CIDR
+			// In DSPROXY-SERVICE-CIDRS order does not matter; a ClusterIP outside
+			// every known service CIDR is refused in DSPROXY-SERVICES, after
+			// (so in the tail, behind) the per-port rules that may drop instead.
+			add := filter.tail
+			ch := chainServices
 			if slices.ContainsFunc(c.node.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
-				ch = chainServiceCIDRs
+				add, ch = filter.head, chainServiceCIDRs
 			}
 			cm := comment(s.ps.Name.Namespace + "/" + s.ps.Name.Name + " port not served")
-			filter.add(ch, cm, "-d "+hostPrefix(a), "-p tcp", "-j", reject("tcp"))
-			filter.add(ch, cm, "-d "+hostPrefix(a), "-j", reject(""))
+			add(ch, cm, "-d "+hostPrefix(a), "-p tcp", "-j", reject("tcp"))
+			add(ch, cm, "-d "+hostPrefix(a), "-j", reject(""))
 		}
 	}
 	for _, p := range c.node.ServiceCIDRs {
-		filter.add(chainServices, comment("service CIDR"), "-d "+p.Masked().String(), "-j", chainServiceCIDRs)
+		filter.tail(chainServices, comment("service CIDR"), "-d "+p.Masked().String(), "-j", chainServiceCIDRs)
 	}
-	filter.add(chainServiceCIDRs, comment("unallocated service address"), "-j DROP")
+	filter.tail(chainServiceCIDRs, comment("unallocated service address"), "-j DROP")
 	for _, k := range c.node.ReservedNodePorts {
 		proto := strings.ToLower(string(k.Protocol))
 		for _, d := range c.nodePortDests() {
-			filter.add(chainExternalServices, comment(k.String()+" is reserved by the other family"), d, "-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(int(k.Port)), "-j", reject(proto))
+			filter.head(chainExternalServices, comment(k.String()+" is reserved by the other family"), d, "-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(int(k.Port)), "-j", reject(proto))
 		}
 	}
 	hc := map[uint16]bool{}
 	for _, s := range ports {
 		if p := s.ps.HealthCheckNodePort; p != 0 && !hc[p] {
 			hc[p] = true
-			filter.add(chainNodePorts, comment(s.ps.Name.Namespace+"/"+s.ps.Name.Name+" health check node port"), "-p tcp -m tcp --dport "+strconv.Itoa(int(p)), "-j ACCEPT")
+			filter.head(chainNodePorts, comment(s.ps.Name.Namespace+"/"+s.ps.Name.Name+" health check node port"), "-p tcp -m tcp --dport "+strconv.Itoa(int(p)), "-j ACCEPT")
 		}
 	}
 }
