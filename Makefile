@@ -4,7 +4,7 @@ STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 PKGS      := ./...
 BIN       := bin
 
-.PHONY: all build test test-unit test-netns test-e2e fuzz-smoke bench bench-kernel bench-e2e bench-smoke lint deps demo clean
+.PHONY: all build test test-unit test-netns test-e2e fuzz-smoke bench bench-kernel bench-iptables bench-e2e bench-smoke lint deps demo clean
 
 all: build
 
@@ -54,6 +54,11 @@ bench-smoke:
 # transactions, first-packet latency, at 1k/10k/30k dual-stack Services.
 bench-kernel:
 	DSPROXY_BENCH_SIZES=$${DSPROXY_BENCH_SIZES:-1000,10000,30000} $(GO) test -tags netns -run TestKernelFigures -v -count=1 -timeout 30m ./bench/
+
+# The iptables backend on the real kernel (root): cold start, partial and full
+# syncs, connect cost through a ClusterIP.
+bench-iptables:
+	DSPROXY_BENCH_SIZES=$${DSPROXY_BENCH_SIZES:-1000,10000} $(GO) test -tags netns -run TestIPTablesFigures -v -count=1 -timeout 60m ./bench/
 
 # Side by side with kube-proxy v1.36 (nftables and iptables modes) on the real
 # control plane: table, JSON and PNG in bench/e2e/out. SERVICES=1000,10000 for more.

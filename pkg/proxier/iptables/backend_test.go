@@ -273,14 +273,19 @@ func TestRules(t *testing.T) {
 			ps := port(f, "s", 1, 1, 2)
 			ps.AffinitySeconds = 600
 			return ps
-		}, want: []string{`-m recent --name DSPROXY-SEP-\S+ --rcheck --seconds 600 --reap -j DNAT --to-destination 10\.64\.0\.1:8080$`,
+		}, want: []string{`-m recent --name DSPROXY-SEP-\S+ --update --seconds 600 --reap -j DNAT --to-destination 10\.64\.0\.1:8080$`,
 			`--probability 0\.5000000000 -m recent --name DSPROXY-SEP-\S+ --set -j DNAT --to-destination 10\.64\.0\.1:8080$`}},
-		{name: "hairpin for local endpoints only", f: family.IPv4, ps: func(f *family.Family) *model.PortState {
+		{name: "local endpoints get a chain: hairpin, affinity", f: family.IPv4, ps: func(f *family.Family) *model.PortState {
 			ps := port(f, "s", 1, 1, 2)
 			ps.Cluster[0].Local = true
+			ps.AffinitySeconds = 60
 			return ps
-		}, want: []string{`^-A DSPROXY-HAIRPIN .*-s 10\.64\.0\.1/32 -d 10\.64\.0\.1/32 -j MASQUERADE$`, `^-A DSPROXY-POSTROUTING -j DSPROXY-HAIRPIN$`},
-			avoid: []string{`-s 10\.64\.0\.2/32 -d`}},
+		}, want: []string{`^-A DSPROXY-SEP-\S+ .*-s 10\.64\.0\.1/32 -j DSPROXY-MARK-MASQ$`,
+			`^-A DSPROXY-SEP-\S+ .*-p tcp -m tcp -m recent --name DSPROXY-SEP-\S+ --set -j DNAT --to-destination 10\.64\.0\.1:8080$`,
+			`^-A DSPROXY-SVC-\S+ .*-m recent --name DSPROXY-SEP-\S+ --rcheck --seconds 60 --reap -j DSPROXY-SEP-\S+$`,
+			`^-A DSPROXY-SVC-\S+ .*--probability 0\.5000000000 -j DSPROXY-SEP-\S+$`,
+			`^-A DSPROXY-SVC-\S+ .*-m recent --name DSPROXY-SEP-\S+ --set -j DNAT --to-destination 10\.64\.0\.2:8080$`},
+			avoid: []string{`-s 10\.64\.0\.2/32`, `^-A DSPROXY-SVC-.*DNAT --to-destination 10\.64\.0\.1:8080$`}},
 		{name: "no endpoints rejects, TCP with a reset", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1) },
 			want:  []string{`^-A DSPROXY-SERVICES .*-d 10\.96\.0\.1/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with tcp-reset$`},
 			avoid: []string{`-j DSPROXY-SVC-`}},

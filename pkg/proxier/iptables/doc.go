@@ -11,12 +11,13 @@
 // delete a few rules, whatever the number of Services. A full sync (so the first,
 // and one after a failure) rewrites every chain, deletes DSPROXY- chains nothing
 // wants and re-inserts any missing jump from a built-in chain; a node change
-// rewrites every chain. There
-// is no chain per endpoint: a port's chain DNATs itself, with xt_recent lists per
-// endpoint for session affinity, which keeps the rule and chain counts (what
-// iptables-nft's restore time grows with) at about a third of kube-proxy's. Per
-// service port and family (the hash is the first 16 base32 characters of the
-// SHA-256 of the port's name):
+// rewrites every chain. Only
+// endpoints on this node have a chain (to masquerade one reaching itself through
+// its Service, hairpin); a port's chain DNATs to the others itself, with an
+// xt_recent list per endpoint for session affinity. That keeps the rule and chain
+// counts, which iptables-nft's restore time grows with, at about a third of
+// kube-proxy's. Per service port and family (the hash is the first 16 base32
+// characters of the SHA-256 of the port's name, and of the name and endpoint):
 //
 //	nat:
 //	  PREROUTING, OUTPUT:  -j DSPROXY-SERVICES
@@ -26,16 +27,17 @@
 //	                       <nodeport addresses> -j DSPROXY-NODEPORTS       (last)
 //	  DSPROXY-NODEPORTS:   -p <proto> --dport <nodePort> -j DSPROXY-EXT-<h>
 //	  DSPROXY-SVC-<h>:     (clusterIP traffic) -j DSPROXY-MASQ-NONLOCAL, or -j DSPROXY-MARK-MASQ with masqueradeAll
-//	                       affinity: -m recent --name <endpoint list> --rcheck ... -j DNAT per endpoint
+//	                       affinity: -m recent --name <endpoint list> --update ... -j DNAT per endpoint
 //	                       -m statistic --mode random --probability 1/(n-i) [-m recent --set] -j DNAT
+//	                       (a local endpoint: -j DSPROXY-SEP-<e> instead, and --rcheck)
 //	  DSPROXY-SVL-<h>:     the same over the local endpoints (traffic policy Local)
 //	  DSPROXY-EXT-<h>:     ETP Cluster: -j DSPROXY-MARK-MASQ; -j DSPROXY-SVC-<h>
 //	                       ETP Local: <from local pods> -j SVC; <from the node> mark, -j SVC; -j SVL
 //	  DSPROXY-FW-<h>:      -s <source range> -j DSPROXY-EXT-<h>   (the rest falls through; filter drops it)
 //	  DSPROXY-MASQ-NONLOCAL: <from local pods> -j RETURN; -j DSPROXY-MARK-MASQ
 //	  DSPROXY-MARK-MASQ:   -j MARK --or-mark <masquerade bit>
-//	  DSPROXY-POSTROUTING: -j DSPROXY-HAIRPIN; unmarked RETURN; clear the bit; MASQUERADE [--random-fully]
-//	  DSPROXY-HAIRPIN:     -s <local endpoint> -d <itself> -j MASQUERADE, per local endpoint
+//	  DSPROXY-SEP-<e>:     -s <endpoint> -j DSPROXY-MARK-MASQ (hairpin); [-m recent --set] -j DNAT
+//	  DSPROXY-POSTROUTING: unmarked RETURN; clear the bit; MASQUERADE [--random-fully]
 //	filter (new connections):
 //	  INPUT:   DSPROXY-PROXY-FIREWALL, DSPROXY-EXTERNAL-SERVICES, DSPROXY-NODEPORTS, DSPROXY-FIREWALL
 //	  FORWARD: DSPROXY-PROXY-FIREWALL, DSPROXY-FORWARD, DSPROXY-SERVICES, DSPROXY-EXTERNAL-SERVICES

@@ -29,11 +29,10 @@ const (
 	chainForward          = Prefix + "FORWARD"
 	chainFirewall         = Prefix + "FIREWALL"
 	chainServiceCIDRs     = Prefix + "SERVICE-CIDRS"
-	chainHairpin          = Prefix + "HAIRPIN"
 )
 
 var (
-	natGlobal    = []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq, chainMasqNonLocal, chainHairpin}
+	natGlobal    = []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq, chainMasqNonLocal}
 	filterGlobal = []string{chainServices, chainNodePorts, chainExternalServices, chainProxyFirewall, chainForward, chainFirewall, chainServiceCIDRs}
 )
 
@@ -82,9 +81,9 @@ func svlChain(n model.ServicePortName) string { return Prefix + "SVL-" + hash(n.
 func extChain(n model.ServicePortName) string { return Prefix + "EXT-" + hash(n.String()) }
 func fwChain(n model.ServicePortName) string  { return Prefix + "FW-" + hash(n.String()) }
 
-// recentName names the xt_recent list of one endpoint of a port with session
-// affinity.
-func recentName(n model.ServicePortName, ep *model.Endpoint) string {
+// sepChain names the chain of one local endpoint of a port, which is also the
+// name of the endpoint's xt_recent list for session affinity.
+func sepChain(n model.ServicePortName, ep *model.Endpoint) string {
 	return Prefix + "SEP-" + hash(n.String()+"|"+ep.String())
 }
 
@@ -140,6 +139,24 @@ func (s *shape) chains() []string {
 	}
 	if s.fw {
 		out = append(out, fwChain(n))
+	}
+	for _, ep := range s.localEndpoints() {
+		out = append(out, sepChain(n, ep))
+	}
+	return out
+}
+
+// localEndpoints are the port's endpoints on this node, each once.
+func (s *shape) localEndpoints() []*model.Endpoint {
+	var out []*model.Endpoint
+	seen := map[netip.AddrPort]bool{}
+	for _, list := range [][]model.Endpoint{s.ps.Cluster, s.ps.Local} {
+		for i := range list {
+			if ap := list[i].AddrPort(); list[i].Local && !seen[ap] {
+				seen[ap] = true
+				out = append(out, &list[i])
+			}
+		}
 	}
 	return out
 }
@@ -437,21 +454,36 @@ func (c *config) portChains(s *shape, nat *rules) {
 			}
 		}
 	}
+	for _, ep := range s.localEndpoints() {
+		c.sep(s, ep, nat)
+	}
 }
 
-// balance writes the rules that pick one of eps and DNAT to it: with session
-// affinity first one rule per endpoint for clients it served recently (an
-// xt_recent list per endpoint), then each endpoint with the probability that
-// makes the choice uniform, recording the client in the endpoint's list.
+// balance writes the rules that pick one of eps: with session affinity first one
+// rule per endpoint for clients it served recently (an xt_recent list per
+// endpoint), then each endpoint with the probability that makes the choice
+// uniform. A remote endpoint is DNATed there; a local one goes to its chain, which
+// also masquerades it reaching itself (hairpin).
 func (c *config) balance(s *shape, chain string, eps []model.Endpoint, nat *rules) {
 	n := s.ps.Name
 	proto := "-p " + s.proto + " -m " + s.proto
 	aff := s.ps.AffinitySeconds
+	to := func(ep *model.Endpoint) string {
+		if ep.Local {
+			return "-j " + sepChain(n, ep)
+		}
+		return "-j DNAT --to-destination " + ep.AddrPort().String()
+	}
 	if aff > 0 {
 		for i := range eps {
+			// --update refreshes the client's entry as the local endpoint's
+			// chain does with --set.
+			check := " --update"
+			if eps[i].Local {
+				check = " --rcheck"
+			}
 			nat.add(chain, comment(n.String()+" -> "+eps[i].String()), proto,
-				"-m recent --name "+recentName(n, &eps[i])+" --rcheck --seconds "+strconv.Itoa(int(aff))+" --reap",
-				"-j DNAT --to-destination", eps[i].AddrPort().String())
+				"-m recent --name "+sepChain(n, &eps[i])+check+" --seconds "+strconv.Itoa(int(aff))+" --reap", to(&eps[i]))
 		}
 	}
 	for i := range eps {
@@ -459,11 +491,23 @@ func (c *config) balance(s *shape, chain string, eps []model.Endpoint, nat *rule
 		if left := len(eps) - i; left > 1 {
 			m += " -m statistic --mode random --probability " + strconv.FormatFloat(1/float64(left), 'f', 10, 64)
 		}
-		if aff > 0 {
-			m += " -m recent --name " + recentName(n, &eps[i]) + " --set"
+		if aff > 0 && !eps[i].Local {
+			m += " -m recent --name " + sepChain(n, &eps[i]) + " --set"
 		}
-		nat.add(chain, comment(n.String()+" -> "+eps[i].String()), m, "-j DNAT --to-destination", eps[i].AddrPort().String())
+		nat.add(chain, comment(n.String()+" -> "+eps[i].String()), m, to(&eps[i]))
 	}
+}
+
+// sep writes the chain of a local endpoint: hairpin masquerade, DNAT.
+func (c *config) sep(s *shape, ep *model.Endpoint, nat *rules) {
+	n := s.ps.Name
+	ch := sepChain(n, ep)
+	nat.add(ch, comment(n.String()), "-s "+hostPrefix(ep.Addr), "-j", chainMarkMasq)
+	aff := ""
+	if s.ps.AffinitySeconds > 0 {
+		aff = " -m recent --name " + ch + " --set"
+	}
+	nat.add(ch, comment(n.String()), "-p "+s.proto+" -m "+s.proto+aff, "-j DNAT --to-destination", ep.AddrPort().String())
 }
 
 // nodeRules writes the node-wide rules of the dispatch chains: the tails of
@@ -479,20 +523,6 @@ func (c *config) nodeRules(ports []*shape, nat, filter *rules) {
 		nat.tail(chainMasqNonLocal, m, "-j RETURN")
 	}
 	nat.tail(chainMasqNonLocal, "-j", chainMarkMasq)
-	// Hairpin: a local endpoint reached through its own Service leaves with its
-	// own address as destination and source; only local endpoints can.
-	nat.tail(chainPostrouting, "-j", chainHairpin)
-	hairpin := map[netip.Addr]bool{}
-	for _, s := range ports {
-		for _, list := range [][]model.Endpoint{s.ps.Cluster, s.ps.Local} {
-			for i := range list {
-				if a := list[i].Addr; list[i].Local && !hairpin[a] {
-					hairpin[a] = true
-					nat.head(chainHairpin, comment("hairpin"), "-s "+hostPrefix(a), "-d "+hostPrefix(a), "-j MASQUERADE")
-				}
-			}
-		}
-	}
 	nat.tail(chainPostrouting, "-m mark ! --mark", c.masqMark, "-j RETURN")
 	nat.tail(chainPostrouting, "-j MARK --xor-mark", c.masqBit)
 	masq := "-j MASQUERADE"
