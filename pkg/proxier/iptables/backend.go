@@ -36,7 +36,17 @@ type Options struct {
 	// LocalhostNodePorts serves IPv4 NodePorts on 127.0.0.0/8 as well, setting
 	// net.ipv4.conf.all.route_localnet (kube-proxy's --iptables-localhost-nodeports).
 	LocalhostNodePorts bool
+	// MaxPortsPerTx bounds how many service ports' chains a sync that rewrites
+	// everything writes in one iptables-restore (default 1000). iptables-nft's
+	// restore time grows faster than its input: at 10k Services one transaction
+	// took twice as long as ten of a thousand each. The dispatch chains, which
+	// make the ports reachable, follow in a last transaction, so each port's chain
+	// is complete before anything jumps to it, and a rewrite of a live ruleset
+	// replaces each chain within one transaction.
+	MaxPortsPerTx int
 }
+
+const defaultMaxPortsPerTx = 1000
 
 // Backend implements proxier.Backend with iptables for one family.
 type Backend struct {
@@ -86,6 +96,9 @@ func (b *Backend) Flushed(context.Context) bool {
 func New(f *family.Family, r Runner, opts Options) (*Backend, error) {
 	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("iptables: masquerade bit %d is not in [0, 31]", opts.MasqueradeBit)
+	}
+	if opts.MaxPortsPerTx <= 0 {
+		opts.MaxPortsPerTx = defaultMaxPortsPerTx
 	}
 	return &Backend{f: f, r: r, opts: opts, written: map[model.ServicePortName][]string{}, portRules: map[model.ServicePortName]int{}}, nil
 }
@@ -138,16 +151,8 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	written := map[model.ServicePortName][]string{}
 	portRules := map[model.ServicePortName]int{}
 	if rewriteAll {
-		want := map[string]bool{}
-		for _, s := range shapes {
-			n := nat.n
-			c.portChains(s, nat)
-			portRules[s.ps.Name] = nat.n - n
-			written[s.ps.Name] = s.chains()
-			for _, ch := range written[s.ps.Name] {
-				want[ch] = true
-			}
-		}
+		// What is there before anything is written: chains to delete, and to
+		// count as repaired.
 		existing := map[string][]string{}
 		if reconcile {
 			for _, table := range []string{"nat", "filter"} {
@@ -162,6 +167,33 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 				existing["nat"] = append(existing["nat"], chs...)
 			}
 		}
+		want := map[string]bool{}
+		// Every chunk but the last (which holds the rest with the dispatch
+		// chains) is a transaction of its own, committed here.
+		chunk := newRules(nil)
+		for i, s := range shapes {
+			if i > 0 && i%b.opts.MaxPortsPerTx == 0 && len(shapes)-i >= b.opts.MaxPortsPerTx/2 {
+				var in strings.Builder
+				chunk.writeTo(&in, "nat")
+				if err := b.r.Restore(ctx, []byte(in.String())); err != nil {
+					res.RestoreFailed = true
+					return res, err
+				}
+				res.Transactions++
+				res.Operations += chunk.n
+				chunk = newRules(nil)
+			}
+			n := chunk.n
+			c.portChains(s, chunk)
+			portRules[s.ps.Name] = chunk.n - n
+			written[s.ps.Name] = s.chains()
+			for _, ch := range written[s.ps.Name] {
+				want[ch] = true
+			}
+		}
+		nat.decl.WriteString(chunk.decl.String())
+		nat.body.WriteString(chunk.body.String())
+		nat.n += chunk.n
 		for _, ch := range existing["nat"] {
 			if !want[ch] && !slices.Contains(natGlobal, ch) && ch != chainCanary {
 				nat.delete(ch)
@@ -222,10 +254,11 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		res.RestoreFailed = true
 		return res, err
 	}
-	res.Operations, res.Transactions = nat.n+filter.n, 1
+	res.Operations += nat.n + filter.n
+	res.Transactions++
 	b.written, b.portRules = written, portRules
 	b.content = map[string]map[string]*chainContent{"nat": nat.content, "filter": filter.content}
-	res.RulesWritten = map[string]int{"nat": nat.n, "filter": filter.n}
+	res.RulesWritten = map[string]int{"nat": res.Operations - filter.n, "filter": filter.n}
 	res.RulesTotal = map[string]int{"nat": 0, "filter": 0}
 	for table, chains := range b.content {
 		for _, c := range chains {

@@ -25,6 +25,7 @@ type fakeRunner struct {
 	save     string          // what Save returns for any table
 	jumps    map[string]bool // rules EnsureRule has seen, by table/chain/rule
 	fail     error           // returned by the next Restore
+	failAt   int             // if positive, the failAt-th Restore from now fails
 	flushed  bool            // ChainExists reports every chain gone
 }
 
@@ -34,6 +35,11 @@ func (r *fakeRunner) Restore(_ context.Context, data []byte) error {
 	if err := r.fail; err != nil {
 		r.fail = nil
 		return err
+	}
+	if r.failAt > 0 {
+		if r.failAt--; r.failAt == 0 {
+			return errors.New("restore failed")
+		}
 	}
 	r.restores = append(r.restores, string(data))
 	return nil
@@ -393,5 +399,51 @@ func TestFlushed(t *testing.T) {
 	sync(t, b, &proxier.SyncRequest{State: state(a), Changed: []model.ServicePortName{a.Name}, Node: node(f)})
 	if strings.Contains(r.last(), chainCanary) {
 		t.Errorf("partial sync recreates the canary:\n%s", r.last())
+	}
+}
+
+// A sync that rewrites everything commits the ports' chains in chunks of
+// MaxPortsPerTx and the dispatch chains last, so nothing jumps to a chain before
+// it is complete.
+func TestRewriteChunks(t *testing.T) {
+	f := family.IPv4
+	r := &fakeRunner{}
+	b, err := New(f, r, Options{MaxPortsPerTx: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ports []*model.PortState
+	for i := range 7 {
+		ports = append(ports, port(f, fmt.Sprintf("s%d", i), i+1, i+1))
+	}
+	res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(ports...), Node: node(f)})
+	// 7 ports in chunks of 2: 0-1, 2-3, 4-5 alone; 6 (under half a chunk) with the
+	// dispatch chains.
+	if res.Transactions != 4 || len(r.restores) != 4 {
+		t.Fatalf("%d transactions, %d restores; want 4", res.Transactions, len(r.restores))
+	}
+	for i, in := range r.restores[:3] {
+		if got := len(perPort(declared(in))); got != 2 || strings.Contains(in, chainServices) || strings.Contains(in, "*filter") {
+			t.Errorf("chunk %d declares %d port chains (want 2) or touches dispatch chains:\n%s", i, got, in)
+		}
+	}
+	last := r.last()
+	if got := perPort(declared(last)); len(got) != 1 || !strings.Contains(last, "-A "+chainServices+" ") {
+		t.Errorf("last transaction: port chains %v (want one), dispatch chains written: %v", got, strings.Contains(last, "-A "+chainServices+" "))
+	}
+	if res.RulesTotal["nat"] != res.RulesWritten["nat"] {
+		t.Errorf("rules written %v, total %v: a full rewrite writes everything", res.RulesWritten, res.RulesTotal)
+	}
+
+	// A failed chunk fails the sync, and the next sync rewrites everything again.
+	r.restores = nil
+	r.failAt = 2
+	if _, err := b.Sync(context.Background(), &proxier.SyncRequest{Full: true, State: state(ports...), Node: node(f)}); err == nil {
+		t.Fatal("a sync whose second chunk failed succeeded")
+	}
+	r.restores = nil
+	sync(t, b, &proxier.SyncRequest{State: state(ports...), Changed: []model.ServicePortName{ports[0].Name}, Node: node(f)})
+	if len(r.restores) != 4 {
+		t.Errorf("sync after a failed chunk: %d transactions, want a full rewrite in 4", len(r.restores))
 	}
 }
