@@ -217,7 +217,8 @@ func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 		if err != nil {
 			e.t.Fatalf("%s: %v", f, err)
 		}
-		if pf.ib, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14, LocalhostNodePorts: true}); err != nil {
+		// Three ports per transaction: full syncs here take the chunked path.
+		if pf.ib, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14, LocalhostNodePorts: true, MaxPortsPerTx: 3}); err != nil {
 			e.t.Fatalf("%s: %v", f, err)
 		}
 		backend = proxier.Within(pf.ib, func(fn func() error) error { return RunIn(e.c.Node, fn) })

@@ -171,6 +171,15 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		// Every chunk but the last (which holds the rest with the dispatch
 		// chains) is a transaction of its own, committed here.
 		chunk := newRules(nil)
+		// Port chains jump to DSPROXY-MARK-MASQ and DSPROXY-MASQ-NONLOCAL: the
+		// first chunk creates the dispatch chains missing (their rules follow in
+		// the last transaction). Existing ones are not declared, which would
+		// flush them until then.
+		for _, ch := range natGlobal {
+			if !slices.Contains(existing["nat"], ch) {
+				chunk.declare(ch)
+			}
+		}
 		for i, s := range shapes {
 			if i > 0 && i%b.opts.MaxPortsPerTx == 0 && len(shapes)-i >= b.opts.MaxPortsPerTx/2 {
 				var in strings.Builder

@@ -423,8 +423,16 @@ func TestRewriteChunks(t *testing.T) {
 		t.Fatalf("%d transactions, %d restores; want 4", res.Transactions, len(r.restores))
 	}
 	for i, in := range r.restores[:3] {
-		if got := len(perPort(declared(in))); got != 2 || strings.Contains(in, chainServices) || strings.Contains(in, "*filter") {
-			t.Errorf("chunk %d declares %d port chains (want 2) or touches dispatch chains:\n%s", i, got, in)
+		if got := len(perPort(declared(in))); got != 2 || strings.Contains(in, "-A "+chainServices) || strings.Contains(in, "*filter") {
+			t.Errorf("chunk %d declares %d port chains (want 2) or writes dispatch chains:\n%s", i, got, in)
+		}
+	}
+	// On a fresh node the first chunk creates the (empty) nat dispatch chains the
+	// port chains jump to; no other chunk declares one.
+	for _, ch := range natGlobal {
+		if !slices.Contains(declared(r.restores[0]), ch) || slices.Contains(declared(r.restores[1]), ch) {
+			t.Errorf("%s: declared in the first chunk %v, in the second %v; want first only", ch,
+				slices.Contains(declared(r.restores[0]), ch), slices.Contains(declared(r.restores[1]), ch))
 		}
 	}
 	last := r.last()
@@ -433,6 +441,21 @@ func TestRewriteChunks(t *testing.T) {
 	}
 	if res.RulesTotal["nat"] != res.RulesWritten["nat"] {
 		t.Errorf("rules written %v, total %v: a full rewrite writes everything", res.RulesWritten, res.RulesTotal)
+	}
+
+	// A live ruleset: the first chunk must not declare (so flush) dispatch chains
+	// that exist.
+	r.restores = nil
+	r.save = "*nat\n"
+	for _, ch := range natGlobal {
+		r.save += ":" + ch + " - [0:0]\n"
+	}
+	r.save += "COMMIT\n"
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(ports...), Node: node(f)})
+	for _, ch := range natGlobal {
+		if slices.Contains(declared(r.restores[0]), ch) {
+			t.Errorf("rewriting a live ruleset, the first chunk flushes %s", ch)
+		}
 	}
 
 	// A failed chunk fails the sync, and the next sync rewrites everything again.
