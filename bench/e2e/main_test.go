@@ -35,7 +35,7 @@ import (
 
 var (
 	flagServices  = flag.String("services", "1000", "comma-separated numbers of dual-stack Services (ascending; the load grows between sizes)")
-	flagProxies   = flag.String("proxies", "dsproxy,kube-proxy/nftables,kube-proxy/iptables,kube-proxy/iptables-legacy", "comma-separated proxies to measure: dsproxy, kube-proxy/nftables, kube-proxy/iptables (iptables-nft, the iptables on PATH), kube-proxy/iptables-legacy (iptables mode with the iptables-legacy binaries)")
+	flagProxies   = flag.String("proxies", "dsproxy,kube-proxy/nftables,kube-proxy/iptables,kube-proxy/iptables-legacy", "comma-separated proxies to measure: dsproxy (nftables mode), dsproxy/iptables (the iptables on PATH), kube-proxy/nftables, kube-proxy/iptables (iptables-nft, the iptables on PATH), kube-proxy/iptables-legacy (iptables mode with the iptables-legacy binaries)")
 	flagW1Starts  = flag.Int("w1-starts", 1, "W1: cold starts per proxy and size, each after the proxy's --cleanup removed the previous start's rules; the row gives their p50 and max (CPU and RSS: the first start's)")
 	flagChanges   = flag.Int("changes", 50, "W2: endpoint changes (alternating IPv4 and IPv6)")
 	flagPairs     = flag.Int("pairs", 10, "W3: Service create+delete pairs")
@@ -76,6 +76,8 @@ func parseProxies(s string) ([]proxySpec, error) {
 		switch strings.TrimSpace(f) {
 		case "dsproxy", "dsproxy/nftables":
 			out = append(out, proxySpec{"dsproxy", "nftables"})
+		case "dsproxy/iptables":
+			out = append(out, proxySpec{"dsproxy", "iptables"})
 		case "kube-proxy/nftables":
 			out = append(out, proxySpec{"kube-proxy", "nftables"})
 		case "kube-proxy/iptables":

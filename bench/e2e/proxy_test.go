@@ -68,6 +68,7 @@ func startProxy(dir string, node *netns.NS, nodeName, kubeconfig string, bins bi
 			"--hostname-override", nodeName,
 			"--cluster-cidr", clusterCIDRs,
 			"--metrics-bind-address", "127.0.0.1:10249",
+			"--proxy-mode", spec.Mode,
 		}
 		args = append(args, strings.Fields(*flagDSArgs)...)
 		if kv := strings.Fields(*flagDSEnv); len(kv) > 0 {

@@ -202,11 +202,13 @@ func readReport(path string) (*report, error) {
 // finish computes the dsproxy/kube-proxy ratios and checks the targets.
 func (rep *report) finish() {
 	defer func() { rep.Targets = rep.targets() }()
+	// A kube-proxy row is compared with dsproxy in the same mode when that was
+	// measured (iptables with iptables), else with dsproxy's nftables mode.
 	ds := map[string]Row{}
-	key := func(r Row) string { return fmt.Sprintf("%s|%d", r.Workload, r.Services) }
+	key := func(mode string, r Row) string { return fmt.Sprintf("%s|%s|%d", mode, r.Workload, r.Services) }
 	for _, r := range rep.Rows {
 		if r.Proxy == "dsproxy" && r.ok() {
-			ds[key(r)] = r
+			ds[key(r.Mode, r)] = r
 		}
 	}
 	ratio := func(a, b float64) *float64 {
@@ -218,7 +220,10 @@ func (rep *report) finish() {
 	}
 	for i := range rep.Rows {
 		r := &rep.Rows[i]
-		d, ok := ds[key(*r)]
+		d, ok := ds[key(r.Mode, *r)]
+		if !ok {
+			d, ok = ds[key("nftables", *r)]
+		}
 		if r.Proxy != "kube-proxy" || !ok {
 			continue
 		}
@@ -459,6 +464,7 @@ func (rep *report) plot(path string) error {
 	p.X.Tick.Marker = plot.ConstantTicks(ticks)
 	proxyColor := map[string]color.Color{
 		"dsproxy/nftables":           color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+		"dsproxy/iptables":           color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
 		"kube-proxy/nftables":        color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
 		"kube-proxy/iptables":        color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 		"kube-proxy/iptables-legacy": color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},

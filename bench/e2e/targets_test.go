@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -43,12 +44,12 @@ func (rep *report) targets() []Target {
 	var sizes []int
 	for _, r := range rep.Rows {
 		ds[key(r.Proxy, r.Mode, r.Workload, r.Services)] = r
-		if r.Proxy == "dsproxy" && r.ok() {
+		if r.Proxy == "dsproxy" && r.Mode == "nftables" && r.ok() {
 			if r.RSSMiB > peakRSS[r.Services].RSSMiB {
 				peakRSS[r.Services] = r
 			}
 		}
-		if r.Proxy == "dsproxy" && !slices.Contains(sizes, r.Services) {
+		if r.Proxy == "dsproxy" && r.Mode == "nftables" && !slices.Contains(sizes, r.Services) {
 			sizes = append(sizes, r.Services)
 		}
 	}
@@ -289,5 +290,25 @@ func TestRenderAgain(t *testing.T) {
 	}
 	if _, ok := unfinishedAfter(Row{Status: "not finished: a change took > soon"}); ok {
 		t.Error("a cap that is no duration parsed")
+	}
+}
+
+// TestRatioSameMode: a kube-proxy row's ratio is over dsproxy in the same mode
+// when both dsproxy modes were measured, else over dsproxy's nftables mode.
+func TestRatioSameMode(t *testing.T) {
+	rep := newReport([]int{1000}, 0)
+	row := func(proxy, mode string, p50 float64) Row {
+		return Row{Proxy: proxy, Mode: mode, Workload: "W2 endpoint change", Services: 1000, Samples: 50, P50: p50, P99: p50, Status: "ok"}
+	}
+	rep.Rows = []Row{
+		row("dsproxy", "nftables", 0.005), row("dsproxy", "iptables", 0.05),
+		row("kube-proxy", "nftables", 0.2), row("kube-proxy", "iptables", 0.1), row("kube-proxy", "iptables-legacy", 0.1),
+	}
+	rep.finish()
+	want := map[string]float64{"nftables": 0.025, "iptables": 0.5, "iptables-legacy": 0.05}
+	for _, r := range rep.Rows[2:] {
+		if r.RatioP50 == nil || math.Abs(*r.RatioP50-want[r.Mode]) > 1e-9 {
+			t.Errorf("kube-proxy/%s ratio %v, want %v", r.Mode, fmtRatio(r.RatioP50, false), want[r.Mode])
+		}
 	}
 }
