@@ -106,11 +106,12 @@ func New(f *family.Family, r Runner, opts Options) (*Backend, error) {
 // routeLocalnet is the sysctl localhost NodePorts need.
 const routeLocalnet = "/proc/sys/net/ipv4/conf/all/route_localnet"
 
-// Sync implements proxier.Backend: one iptables-restore of the nat and filter
-// tables. The dispatch chains are rewritten every time; the chains of the ports in
-// req.Changed, or of every port when the sync is full, the first, after a failure
-// or after a node change. A full (or first) sync also deletes DSPROXY- chains that
-// nothing wants and puts back missing jumps from the built-in chains.
+// Sync implements proxier.Backend. A partial sync is one iptables-restore of what
+// changed: the chains of the ports in req.Changed, and the differences in the
+// dispatch chains. A full sync, the first, one after a failure and one after a
+// node change rewrite every chain, in transactions of MaxPortsPerTx ports and a
+// last one with the dispatch chains; a full (or first) one also deletes DSPROXY-
+// chains that nothing wants and puts back missing jumps from the built-in chains.
 func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.SyncResult, error) {
 	if req.Node == nil || req.Node.Family != b.f {
 		return proxier.SyncResult{}, fmt.Errorf("iptables %s: sync without this family's node config", b.f)
@@ -163,6 +164,8 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 				maps.Copy(existing, ipt.Chains(save, Prefix))
 			}
 		} else {
+			// After a successful sync: the dispatch chains and what it wrote.
+			existing["nat"] = slices.Clone(natGlobal)
 			for _, chs := range b.written {
 				existing["nat"] = append(existing["nat"], chs...)
 			}

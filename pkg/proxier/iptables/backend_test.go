@@ -470,3 +470,31 @@ func TestRewriteChunks(t *testing.T) {
 		t.Errorf("sync after a failed chunk: %d transactions, want a full rewrite in 4", len(r.restores))
 	}
 }
+
+// A node change rewrites every chain in chunks without flushing the live dispatch
+// chains in the first one.
+func TestNodeChangeChunksKeepDispatch(t *testing.T) {
+	f := family.IPv6
+	r := &fakeRunner{}
+	b, err := New(f, r, Options{MaxPortsPerTx: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ports []*model.PortState
+	for i := range 5 {
+		ports = append(ports, port(f, fmt.Sprintf("s%d", i), i+1, i+1))
+	}
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(ports...), Node: node(f)})
+	r.restores = nil
+	n := node(f)
+	n.MasqueradeAll = true
+	sync(t, b, &proxier.SyncRequest{State: state(ports...), Node: n, NodeChanged: true})
+	if len(r.restores) < 2 {
+		t.Fatalf("node change: %d transactions, want the chunked rewrite", len(r.restores))
+	}
+	for _, ch := range natGlobal {
+		if slices.Contains(declared(r.restores[0]), ch) {
+			t.Errorf("node change: the first chunk flushes the live %s", ch)
+		}
+	}
+}
