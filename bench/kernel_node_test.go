@@ -193,7 +193,7 @@ func newNodeMode(tb interface {
 		fp := &familyProxier{f: f}
 		var backend proxier.Backend
 		if mode == "iptables" {
-			r, err := ipt.New(f)
+			r, err := ipt.New(f, ipt.FlavorDefault)
 			if err != nil {
 				tb.Fatal(err)
 			}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -55,22 +56,32 @@ func Cleanup(ctx context.Context, kubeProxy bool) error {
 	return errors.Join(errs...)
 }
 
-// cleanupIPTablesMode removes the DSPROXY- chains of f's iptables mode. A node
-// without the family's iptables binary has none; that is not an error.
+// cleanupIPTablesMode removes the DSPROXY- chains of f's iptables mode, from the
+// nf_tables-backed and the legacy tables both (or those of the plain iptables
+// binaries where neither is installed by name). A node without iptables binaries
+// has none; that is not an error.
 func cleanupIPTablesMode(ctx context.Context, f *family.Family) error {
-	r, err := ipt.New(f)
-	if err != nil {
-		klog.V(2).InfoS("No iptables for this family; no iptables-mode rules to remove", "ipFamily", f.Name, "err", err)
-		return nil
+	var errs []error
+	found := false
+	for _, fl := range []ipt.Flavor{ipt.FlavorNFT, ipt.FlavorLegacy, ipt.FlavorDefault} {
+		if fl == ipt.FlavorDefault && found {
+			break
+		}
+		r, err := ipt.New(f, fl)
+		if err != nil {
+			klog.V(2).InfoS("No iptables of this flavour; nothing of it to remove", "ipFamily", f.Name, "flavour", fl, "err", err)
+			continue
+		}
+		found = true
+		b, err := iptables.New(f, r, iptables.Options{})
+		if err != nil {
+			return err
+		}
+		if err := b.Cleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("%s: iptables mode (%s): %w", f, cmp.Or(string(fl), "default"), err))
+		}
 	}
-	b, err := iptables.New(f, r, iptables.Options{})
-	if err != nil {
-		return err
-	}
-	if err := b.Cleanup(ctx); err != nil {
-		return fmt.Errorf("%s: iptables mode: %w", f, err)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // cleanupOtherMode removes, in every family, what dsproxy's other mode left in the

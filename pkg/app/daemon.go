@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -44,11 +45,15 @@ type Daemon struct {
 	registry *nodeport.Registry
 	proxiers map[*family.Family]*proxier.Proxier
 	kernels  []*nft.Netlink
-	metrics  *metrics.Metrics
-	health   *healthcheck.ProxyHealthServer
-	svcHC    *healthcheck.ServiceHealthServer
-	local    *localState
-	cold     *coldStart
+	// iptFlavor is the iptables flavour (nft or legacy) the node uses, detected
+	// once in iptables mode.
+	iptFlavor   ipt.Flavor
+	iptDetected bool
+	metrics     *metrics.Metrics
+	health      *healthcheck.ProxyHealthServer
+	svcHC       *healthcheck.ServiceHealthServer
+	local       *localState
+	cold        *coldStart
 	// restoreGC undoes the cold start's GOGC (see tightenGC); set before the
 	// first syncs start, called once they are all done.
 	restoreGC func()
@@ -130,7 +135,13 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 // newBackend returns the family's backend for the configured --proxy-mode.
 func (d *Daemon) newBackend(f *family.Family) (proxier.Backend, error) {
 	if d.cfg.ProxyMode == config.ModeIPTables {
-		r, err := ipt.New(f)
+		if !d.iptDetected {
+			var why string
+			d.iptFlavor, why = ipt.Detect(context.Background(), nil)
+			d.iptDetected = true
+			klog.InfoS("iptables flavour", "flavour", cmp.Or(string(d.iptFlavor), "the iptables on PATH"), "because", why)
+		}
+		r, err := ipt.New(f, d.iptFlavor)
 		if err != nil {
 			return nil, fmt.Errorf("%s: iptables mode: %w", f, err)
 		}

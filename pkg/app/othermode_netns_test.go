@@ -86,7 +86,7 @@ func testCleanupOtherMode(t *testing.T, ns vnetns.NsHandle) {
 		for _, f := range family.All {
 			var b proxier.Backend = nftables.New(f, k, nftables.Options{})
 			if mode == config.ModeIPTables {
-				r, err := ipt.New(f)
+				r, err := ipt.New(f, ipt.FlavorDefault)
 				if err != nil {
 					t.Error(err)
 					return false

@@ -18,28 +18,65 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
-// Runner runs one family's iptables binaries (iptables* or ip6tables*, in the flavour
-// the node's iptables command is: nft-backed or legacy).
+// Flavor is which iptables binaries a Runner runs.
+type Flavor string
+
+// The flavours: the node's "iptables" as it is (Debian's alternatives choose), or
+// explicitly the nf_tables-backed or the legacy (x_tables) binaries.
+const (
+	FlavorDefault Flavor = ""
+	FlavorNFT     Flavor = "nft"
+	FlavorLegacy  Flavor = "legacy"
+)
+
+// Runner runs one family's iptables binaries (iptables* or ip6tables*) of one
+// flavour.
 type Runner struct {
-	f   *family.Family
-	ipt *goipt.IPTables
+	f      *family.Family
+	flavor Flavor
+	ipt    *goipt.IPTables
 }
 
-// New returns the runner for f. It fails when the family's iptables binary is missing.
-func New(f *family.Family) (*Runner, error) {
+// New returns the runner for f. It fails when the family's binary of that flavour
+// is missing.
+func New(f *family.Family, flavor Flavor) (*Runner, error) {
+	r := &Runner{f: f, flavor: flavor}
 	proto := goipt.ProtocolIPv4
 	if f.BitLen == 128 {
 		proto = goipt.ProtocolIPv6
 	}
-	ipt, err := goipt.New(goipt.IPFamily(proto))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", f.IPTablesCommand, err)
+	var ipt *goipt.IPTables
+	var err error
+	if flavor == FlavorDefault {
+		ipt, err = goipt.New(goipt.IPFamily(proto))
+	} else {
+		var path string
+		if path, err = exec.LookPath(r.command("")); err != nil {
+			return nil, err
+		}
+		ipt, err = goipt.New(goipt.IPFamily(proto), goipt.Path(path))
 	}
-	return &Runner{f: f, ipt: ipt}, nil
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r.command(""), err)
+	}
+	r.ipt = ipt
+	return r, nil
+}
+
+// command names the flavour's binary of the family: "ip6tables-legacy" + suffix.
+func (r *Runner) command(suffix string) string {
+	c := r.f.IPTablesCommand
+	if r.flavor != FlavorDefault {
+		c += "-" + string(r.flavor)
+	}
+	return c + suffix
 }
 
 // Family returns the runner's family.
 func (r *Runner) Family() *family.Family { return r.f }
+
+// Flavor returns the runner's flavour.
+func (r *Runner) Flavor() Flavor { return r.flavor }
 
 // HasRandomFully reports whether MASQUERADE takes --random-fully.
 func (r *Runner) HasRandomFully() bool { return r.ipt.HasRandomFully() }
@@ -47,12 +84,12 @@ func (r *Runner) HasRandomFully() bool { return r.ipt.HasRandomFully() }
 // Restore applies data with iptables-restore --noflush: each table's section is
 // one transaction, and chains the input does not declare are left alone.
 func (r *Runner) Restore(ctx context.Context, data []byte) error {
-	cmd := exec.CommandContext(ctx, r.f.IPTablesCommand+"-restore", "--noflush", "--wait")
+	cmd := exec.CommandContext(ctx, r.command("-restore"), "--noflush", "--wait")
 	cmd.Stdin = bytes.NewReader(data)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s-restore: %w: %s", r.f.IPTablesCommand, err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("%s: %w: %s", r.command("-restore"), err, strings.TrimSpace(stderr.String()))
 	}
 	return nil
 }
@@ -63,11 +100,11 @@ func (r *Runner) Save(ctx context.Context, table string) (string, error) {
 	if table != "" {
 		args = append(args, "-t", table)
 	}
-	cmd := exec.CommandContext(ctx, r.f.IPTablesCommand+"-save", args...)
+	cmd := exec.CommandContext(ctx, r.command("-save"), args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("%s-save: %w: %s", r.f.IPTablesCommand, err, strings.TrimSpace(stderr.String()))
+		return "", fmt.Errorf("%s: %w: %s", r.command("-save"), err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.String(), nil
 }
@@ -77,13 +114,13 @@ func (r *Runner) Save(ctx context.Context, table string) (string, error) {
 func (r *Runner) EnsureRule(table, chain string, rule ...string) (bool, error) {
 	ok, err := r.ipt.Exists(table, chain, rule...)
 	if err != nil {
-		return false, fmt.Errorf("%s -t %s -C %s: %w", r.f.IPTablesCommand, table, chain, err)
+		return false, fmt.Errorf("%s -t %s -C %s: %w", r.command(""), table, chain, err)
 	}
 	if ok {
 		return false, nil
 	}
 	if err := r.ipt.Insert(table, chain, 1, rule...); err != nil {
-		return false, fmt.Errorf("%s -t %s -I %s: %w", r.f.IPTablesCommand, table, chain, err)
+		return false, fmt.Errorf("%s -t %s -I %s: %w", r.command(""), table, chain, err)
 	}
 	return true, nil
 }
@@ -92,7 +129,7 @@ func (r *Runner) EnsureRule(table, chain string, rule ...string) (bool, error) {
 func (r *Runner) ChainExists(table, chain string) (bool, error) {
 	ok, err := r.ipt.ChainExists(table, chain)
 	if err != nil {
-		return false, fmt.Errorf("%s -t %s: listing chain %s: %w", r.f.IPTablesCommand, table, chain, err)
+		return false, fmt.Errorf("%s -t %s: listing chain %s: %w", r.command(""), table, chain, err)
 	}
 	return ok, nil
 }
@@ -166,3 +203,56 @@ func jumpsTo(rule, prefix string) bool {
 	}
 	return false
 }
+
+// hintChains are the chains whose presence in a flavour's mangle table says the
+// node's kubelet (or a kube-proxy) uses that flavour: what kube-proxy's image's
+// iptables-wrapper looks for.
+var hintChains = []string{"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"}
+
+// Detect chooses the flavour the rest of the node uses, as kube-proxy's image's
+// iptables-wrapper does: the one whose mangle table holds the kubelet's hint
+// chains, else the one with more rules, else the default. save runs a flavour's
+// save command for a family (nil: run it); a flavour whose binaries are missing
+// counts as empty.
+func Detect(ctx context.Context, save func(ctx context.Context, cmd string, args ...string) (string, error)) (Flavor, string) {
+	if save == nil {
+		save = func(ctx context.Context, cmd string, args ...string) (string, error) {
+			out, err := exec.CommandContext(ctx, cmd, args...).Output()
+			return string(out), err
+		}
+	}
+	hints, rules := map[Flavor]bool{}, map[Flavor]int{}
+	for _, fl := range []Flavor{FlavorLegacy, FlavorNFT} {
+		for _, f := range family.All {
+			r := &Runner{f: f, flavor: fl}
+			if out, err := save(ctx, r.command("-save"), "-t", "mangle"); err == nil {
+				for _, h := range hintChains {
+					if strings.Contains(out, ":"+h+" ") {
+						hints[fl] = true
+					}
+				}
+			}
+			if out, err := save(ctx, r.command("-save")); err == nil {
+				for line := range strings.SplitSeq(out, "\n") {
+					if strings.HasPrefix(line, "-A ") && !strings.Contains(line, Prefix) {
+						rules[fl]++
+					}
+				}
+			}
+		}
+	}
+	switch {
+	case hints[FlavorLegacy] && !hints[FlavorNFT]:
+		return FlavorLegacy, "the kubelet's hint chains are in the legacy tables"
+	case hints[FlavorNFT] && !hints[FlavorLegacy]:
+		return FlavorNFT, "the kubelet's hint chains are in the nf_tables tables"
+	case rules[FlavorLegacy] > rules[FlavorNFT]:
+		return FlavorLegacy, fmt.Sprintf("the legacy tables hold more rules (%d against %d)", rules[FlavorLegacy], rules[FlavorNFT])
+	case rules[FlavorNFT] > rules[FlavorLegacy]:
+		return FlavorNFT, fmt.Sprintf("the nf_tables tables hold more rules (%d against %d)", rules[FlavorNFT], rules[FlavorLegacy])
+	}
+	return FlavorDefault, "no hint chains and no rules in either flavour"
+}
+
+// Prefix is what dsproxy's chains are named with; Detect does not count its rules.
+const Prefix = "DSPROXY-"

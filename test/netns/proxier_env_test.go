@@ -100,10 +100,29 @@ type pxFamily struct {
 const (
 	modeNFTables = "nftables"
 	modeIPTables = "iptables"
+	// modeIPTablesLegacy is the iptables backend over the legacy (x_tables)
+	// binaries, as on a node whose kubelet uses them.
+	modeIPTablesLegacy = "iptables-legacy"
 )
 
 // proxyModes are the modes whose scenarios the harness runs.
-var proxyModes = []string{modeNFTables, modeIPTables}
+var proxyModes = []string{modeNFTables, modeIPTables, modeIPTablesLegacy}
+
+// iptFlavor is the iptables flavour of an iptables mode.
+func iptFlavor(mode string) ipt.Flavor {
+	if mode == modeIPTablesLegacy {
+		return ipt.FlavorLegacy
+	}
+	return ipt.FlavorDefault
+}
+
+// iptCommand is the mode's iptables binary of f plus suffix ("-save").
+func iptCommand(mode string, f *family.Family, suffix string) string {
+	if mode == modeIPTablesLegacy {
+		return f.IPTablesCommand + "-legacy" + suffix
+	}
+	return f.IPTablesCommand + suffix
+}
 
 // syncRecorder is a proxier.Observer keeping the last sync's result.
 type syncRecorder struct {
@@ -130,7 +149,7 @@ type proxyNode struct {
 	reg  *nodeport.Registry
 	sctp bool
 	fam  map[*family.Family]*pxFamily
-	mode string // modeNFTables or modeIPTables
+	mode string // modeNFTables, modeIPTables or modeIPTablesLegacy
 
 	services map[string]*v1.Service
 	slices   map[string]*discovery.EndpointSlice
@@ -148,10 +167,10 @@ func newProxyNode(t *testing.T) *proxyNode {
 // newProxyNodeMode is newProxyNode with the backend of mode.
 func newProxyNodeMode(t *testing.T, mode string) *proxyNode {
 	t.Helper()
-	if mode == modeIPTables {
+	if mode != modeNFTables {
 		for _, f := range family.All {
-			if _, err := exec.LookPath(f.IPTablesCommand + "-restore"); err != nil {
-				t.Skipf("no %s-restore: %v", f.IPTablesCommand, err)
+			if _, err := exec.LookPath(iptCommand(mode, f, "-restore")); err != nil {
+				t.Skipf("no %s: %v", iptCommand(mode, f, "-restore"), err)
 			}
 		}
 	}
@@ -212,8 +231,8 @@ func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 	pf := &pxFamily{f: f, obs: &syncRecorder{}}
 	var backend proxier.Backend
 	switch e.mode {
-	case modeIPTables:
-		r, err := ipt.New(f)
+	case modeIPTables, modeIPTablesLegacy:
+		r, err := ipt.New(f, iptFlavor(e.mode))
 		if err != nil {
 			e.t.Fatalf("%s: %v", f, err)
 		}
@@ -264,13 +283,13 @@ func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 func (e *proxyNode) fatalf(t *testing.T, format string, args ...any) {
 	t.Helper()
 	dbg := Debug(e.c.Node)
-	if e.mode == modeIPTables {
+	if e.mode != modeNFTables {
 		for _, f := range family.All {
-			out, err := Exec(e.c.Node, f.IPTablesCommand+"-save")
+			out, err := Exec(e.c.Node, iptCommand(e.mode, f, "-save"))
 			if err != nil {
 				out += fmt.Sprintf("(%v)\n", err)
 			}
-			dbg += fmt.Sprintf("### %s: %s-save\n%s", e.c.Node.Name, f.IPTablesCommand, out)
+			dbg += fmt.Sprintf("### %s: %s\n%s", e.c.Node.Name, iptCommand(e.mode, f, "-save"), out)
 		}
 	}
 	if _, err := Exec(e.c.Node, "nft", "list", "ruleset"); err != nil {

@@ -10,12 +10,13 @@ import (
 	"strconv"
 	"strings"
 
+	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
 
 // Prefix starts the name of every chain the backend creates.
-const Prefix = "DSPROXY-"
+const Prefix = ipt.Prefix
 
 // The chains every sync rewrites in full.
 const (

@@ -1,0 +1,63 @@
+//go:build netns
+
+package iptables
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"runtime"
+	"testing"
+
+	vnetns "github.com/vishvananda/netns"
+)
+
+// TestDetectRealKernel: in a fresh network namespace, the kubelet's canary chain
+// in the legacy mangle table makes Detect choose legacy; moved to the nf_tables
+// one, nft.
+func TestDetectRealKernel(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	for _, bin := range []string{"iptables-legacy", "iptables-nft"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("no %s", bin)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// The thread enters a new network namespace and is never unlocked, so it
+		// exits with the goroutine instead of serving others.
+		runtime.LockOSThread()
+		ns, err := vnetns.New()
+		if err != nil {
+			t.Errorf("new network namespace: %v", err)
+			return
+		}
+		defer ns.Close()
+		run := func(args ...string) bool {
+			if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+				t.Errorf("%v: %v %s", args, err, out)
+				return false
+			}
+			return true
+		}
+		if got, why := Detect(context.Background(), nil); got != FlavorDefault {
+			t.Errorf("empty namespace: Detect = %q (%s), want the default", got, why)
+		}
+		if !run("iptables-legacy", "-t", "mangle", "-N", "KUBE-KUBELET-CANARY") {
+			return
+		}
+		if got, why := Detect(context.Background(), nil); got != FlavorLegacy {
+			t.Errorf("canary in legacy: Detect = %q (%s), want legacy", got, why)
+		}
+		if !run("iptables-legacy", "-t", "mangle", "-X", "KUBE-KUBELET-CANARY") || !run("ip6tables-nft", "-t", "mangle", "-N", "KUBE-KUBELET-CANARY") {
+			return
+		}
+		if got, why := Detect(context.Background(), nil); got != FlavorNFT {
+			t.Errorf("canary in nf_tables: Detect = %q (%s), want nft", got, why)
+		}
+	}()
+	<-done
+}
