@@ -174,18 +174,23 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		// Every chunk but the last (which holds the rest with the dispatch
 		// chains) is a transaction of its own, committed here.
 		chunk := newRules(nil)
-		// Port chains jump to DSPROXY-MARK-MASQ and DSPROXY-MASQ-NONLOCAL: the
-		// first chunk creates the dispatch chains missing (their rules follow in
-		// the last transaction). Existing ones are not declared, which would
-		// flush them until then.
+		// Port chains jump to DSPROXY-MARK-MASQ and DSPROXY-MASQ-NONLOCAL: a
+		// chunk committed before the last creates the dispatch chains missing
+		// (their rules follow in the last transaction, which declares them all).
+		// Existing ones are not declared, which would flush them until then.
+		var missing []string
 		for _, ch := range natGlobal {
 			if !slices.Contains(existing["nat"], ch) {
-				chunk.declare(ch)
+				missing = append(missing, ch)
 			}
 		}
 		for i, s := range shapes {
 			if i > 0 && i%b.opts.MaxPortsPerTx == 0 && len(shapes)-i >= b.opts.MaxPortsPerTx/2 {
 				var in strings.Builder
+				for _, ch := range missing {
+					chunk.declare(ch)
+				}
+				missing = nil
 				chunk.writeTo(&in, "nat")
 				if err := b.r.Restore(ctx, []byte(in.String())); err != nil {
 					res.RestoreFailed = true

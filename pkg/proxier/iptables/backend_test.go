@@ -41,6 +41,22 @@ func (r *fakeRunner) Restore(_ context.Context, data []byte) error {
 			return errors.New("restore failed")
 		}
 	}
+	// iptables-restore --noflush refuses a chain declared twice in one input
+	// ("CHAIN_USER_ADD failed (File exists)"): every sync of every test is held
+	// to that.
+	table, seen := "", map[string]bool{}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		switch {
+		case strings.HasPrefix(line, "*"):
+			table = line
+		case strings.HasPrefix(line, ":"):
+			k := table + " " + strings.Fields(line[1:])[0]
+			if seen[k] {
+				return fmt.Errorf("%s declared twice:\n%s", k, data)
+			}
+			seen[k] = true
+		}
+	}
 	r.restores = append(r.restores, string(data))
 	return nil
 }
@@ -468,6 +484,22 @@ func TestRewriteChunks(t *testing.T) {
 	sync(t, b, &proxier.SyncRequest{State: state(ports...), Changed: []model.ServicePortName{ports[0].Name}, Node: node(f)})
 	if len(r.restores) != 4 {
 		t.Errorf("sync after a failed chunk: %d transactions, want a full rewrite in 4", len(r.restores))
+	}
+}
+
+// A first sync with fewer ports than one chunk is one transaction, which creates
+// the dispatch chains once.
+func TestFirstSyncOneChunk(t *testing.T) {
+	f := family.IPv4
+	b, r := newBackend(t, f)
+	res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "a", 1, 1), port(f, "c", 2, 2)), Node: node(f)})
+	if res.Transactions != 1 || len(r.restores) != 1 {
+		t.Fatalf("%d transactions, %d restores; want 1", res.Transactions, len(r.restores))
+	}
+	for _, ch := range natGlobal {
+		if !slices.Contains(declared(r.last()), ch) {
+			t.Errorf("first sync does not create %s", ch)
+		}
 	}
 }
 
