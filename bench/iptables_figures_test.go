@@ -71,13 +71,7 @@ func TestIPTablesFigures(t *testing.T) {
 
 func runIPTablesSize(t *testing.T, n, changes, connects int) *ipTablesResult {
 	ctx := t.Context()
-	c := netns.New(t)
-	pods := make([]*netns.NS, probePods)
-	for j := range pods {
-		pods[j] = c.AddPod(fmt.Sprintf("ep%d", j))
-		pods[j].Serve(netns.TCP, 8080)
-	}
-	client := c.AddPod("client")
+	c, pods, client := probeCluster(t)
 	w := Workload{Services: n, EndpointsPerFamily: 10, NodePortEvery: nodePortEvery(n), NodeName: benchNodeName}
 	probe := n / 2
 	nd := newNodeMode(t, c, w, probe, pods, "iptables")

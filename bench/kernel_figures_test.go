@@ -106,15 +106,21 @@ func TestKernelFigures(t *testing.T) {
 	}
 }
 
-func runSize(t *testing.T, n, spread, changes, connects int) *sizeResult {
-	ctx := t.Context()
-	c := netns.New(t)
-	pods := make([]*netns.NS, probePods)
+// probeCluster is a harness cluster with the probe Service's server pods (TCP on
+// 8080) and a client pod.
+func probeCluster(t *testing.T) (c *netns.Cluster, pods []*netns.NS, client *netns.NS) {
+	c = netns.New(t)
+	pods = make([]*netns.NS, probePods)
 	for j := range pods {
 		pods[j] = c.AddPod(fmt.Sprintf("ep%d", j))
 		pods[j].Serve(netns.TCP, 8080)
 	}
-	client := c.AddPod("client")
+	return c, pods, c.AddPod("client")
+}
+
+func runSize(t *testing.T, n, spread, changes, connects int) *sizeResult {
+	ctx := t.Context()
+	c, pods, client := probeCluster(t)
 	w := Workload{Services: n, EndpointsPerFamily: 10, CountSpread: spread, NodePortEvery: nodePortEvery(n), NodeName: benchNodeName}
 	probe := n / 2
 	nd := newNode(t, c, w, probe, pods)

@@ -308,30 +308,7 @@ func testDelete(t *testing.T, e *env) {
 // (it follows an endpoint change).
 func testDsproxyRestart(t *testing.T, e *env) {
 	sel := map[string]string{"app": "restart"}
-	e.addPods(t, sel, true, "r1", "r2")
-	svc := e.createService(t, service("restart", corev1.ServiceTypeClusterIP, nil, sel, tcpHTTP, tcpEcho))
-	var (
-		vips    []netip.AddrPort
-		targets []probeTarget
-		echoes  []*echoConn
-	)
-	for _, f := range families {
-		vip, _ := clusterIP(svc, f, svcPort)
-		vips = append(vips, vip)
-		targets = append(targets, probeTarget{e.c.Node, vip}, probeTarget{e.client, vip})
-	}
-	if _, err := waitBackends(e.c.Node, vips, []string{"r1", "r2"}, 15*time.Second); err != nil {
-		e.fatalf(t, "before restart: %v", err)
-	}
-	for _, f := range families {
-		echo, _ := clusterIP(svc, f, echoPort)
-		ec, err := openEcho(e.c.Node, echo)
-		if err != nil {
-			e.fatalf(t, "long-lived connection to %s: %v", echo, err)
-		}
-		t.Cleanup(func() { ec.c.Close() })
-		echoes = append(echoes, ec)
-	}
+	vips, targets, echoes := e.trafficFixture(t, sel, corev1.ServiceTypeClusterIP, "r1", "r2")
 
 	old := e.cur()
 	pr := startProber(20*time.Millisecond, targets, echoes)
@@ -390,31 +367,7 @@ func testDsproxyRestart(t *testing.T, e *env) {
 // other mode's rules.
 func testModeSwitch(t *testing.T, e *env) {
 	sel := map[string]string{"app": "mode"}
-	e.addPods(t, sel, true, "m1", "m2")
-	svc := e.createService(t, service("mode", corev1.ServiceTypeNodePort, nil, sel, tcpHTTP, tcpEcho))
-	var (
-		vips    []netip.AddrPort
-		targets []probeTarget
-		echoes  []*echoConn
-	)
-	for _, f := range families {
-		vip, _ := clusterIP(svc, f, svcPort)
-		np := netip.AddrPortFrom(nodeIP(f), nodePort(svc, "tcp"))
-		vips = append(vips, vip)
-		targets = append(targets, probeTarget{e.c.Node, vip}, probeTarget{e.client, vip}, probeTarget{e.external, np})
-	}
-	if _, err := waitBackends(e.c.Node, vips, []string{"m1", "m2"}, 15*time.Second); err != nil {
-		e.fatalf(t, "before the switch: %v", err)
-	}
-	for _, f := range families {
-		echo, _ := clusterIP(svc, f, echoPort)
-		ec, err := openEcho(e.c.Node, echo)
-		if err != nil {
-			e.fatalf(t, "long-lived connection to %s: %v", echo, err)
-		}
-		t.Cleanup(func() { ec.c.Close() })
-		echoes = append(echoes, ec)
-	}
+	vips, targets, echoes := e.trafficFixture(t, sel, corev1.ServiceTypeNodePort, "m1", "m2")
 	// kernelState reports whether dsproxy's nftables tables and its iptables
 	// chains are in the node.
 	kernelState := func() (nftTables, iptChains bool) {
@@ -488,6 +441,38 @@ func testModeSwitch(t *testing.T, e *env) {
 		}
 	}
 	e.checkAlive(t)
+}
+
+// trafficFixture starts ready pods with labels sel, creates a dual-stack Service
+// of typ over them (named after sel's "app") with an HTTP and an echo port, waits
+// until both families' ClusterIPs reach every pod, and opens a long-lived echo
+// connection from the node per family. targets are the ClusterIPs from the node
+// and from a pod, and a NodePort's from outside.
+func (e *env) trafficFixture(t *testing.T, sel map[string]string, typ corev1.ServiceType, pods ...string) (vips []netip.AddrPort, targets []probeTarget, echoes []*echoConn) {
+	t.Helper()
+	e.addPods(t, sel, true, pods...)
+	svc := e.createService(t, service(sel["app"], typ, nil, sel, tcpHTTP, tcpEcho))
+	for _, f := range families {
+		vip, _ := clusterIP(svc, f, svcPort)
+		vips = append(vips, vip)
+		targets = append(targets, probeTarget{e.c.Node, vip}, probeTarget{e.client, vip})
+		if typ == corev1.ServiceTypeNodePort {
+			targets = append(targets, probeTarget{e.external, netip.AddrPortFrom(nodeIP(f), nodePort(svc, "tcp"))})
+		}
+	}
+	if _, err := waitBackends(e.c.Node, vips, pods, 15*time.Second); err != nil {
+		e.fatalf(t, "%s before the test: %v", sel["app"], err)
+	}
+	for _, f := range families {
+		echo, _ := clusterIP(svc, f, echoPort)
+		ec, err := openEcho(e.c.Node, echo)
+		if err != nil {
+			e.fatalf(t, "long-lived connection to %s: %v", echo, err)
+		}
+		t.Cleanup(func() { ec.c.Close() })
+		echoes = append(echoes, ec)
+	}
+	return vips, targets, echoes
 }
 
 // testAPIServerRestart: kube-apiserver is killed and started again. dsproxy

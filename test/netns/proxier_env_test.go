@@ -302,6 +302,23 @@ func (e *proxyNode) fatalf(t *testing.T, format string, args ...any) {
 	t.Fatalf("%s\n%s", fmt.Sprintf(format, args...), dbg)
 }
 
+// expectRepair is the second half of a drift test: what someone else did (named
+// what) broke f's Service (broken says so), the next sync (full, or a check sync
+// with nothing to do) reports repairs and the Service works again, and a full
+// sync after that finds nothing more to repair.
+func (e *proxyNode) expectRepair(t *testing.T, f *family.Family, what string, full bool,
+	broken func(*testing.T, *family.Family, string), works func(*testing.T, *family.Family)) {
+	t.Helper()
+	broken(t, f, what)
+	if res := e.syncFamily(f, full); res.Repairs == 0 {
+		e.fatalf(t, "%s: sync (full=%v) after %s: 0 repairs", f, full, what)
+	}
+	works(t, f)
+	if res := e.syncFamily(f, true); res.Repairs != 0 {
+		e.fatalf(t, "%s: full sync after repairing %s: %d repairs", f, what, res.Repairs)
+	}
+}
+
 // sync runs one sync of both families and returns their results.
 func (e *proxyNode) sync(full bool) map[*family.Family]proxier.SyncResult {
 	e.t.Helper()

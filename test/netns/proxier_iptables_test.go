@@ -58,11 +58,7 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 			if out, err := Exec(e.c.Node, ipt, "-t", "nat", "-D", "PREROUTING", "-m", "comment", "--comment", "dsproxy service portals", "-j", "DSPROXY-SERVICES"); err != nil {
 				e.fatalf(t, "deleting the jump: %v %s", err, out)
 			}
-			broken(t, f, "deleting the PREROUTING jump")
-			if res := e.syncFamily(f, true); res.Repairs == 0 {
-				e.fatalf(t, "%s: full sync after the jump was deleted: 0 repairs", f)
-			}
-			works(t, f)
+			e.expectRepair(t, f, "deleting the PREROUTING jump", true, broken, works)
 			// 2. Someone flushes the dispatch chain.
 			if out, err := Exec(e.c.Node, ipt, "-t", "nat", "-F", "DSPROXY-SERVICES"); err != nil {
 				e.fatalf(t, "flushing DSPROXY-SERVICES: %v %s", err, out)
@@ -76,14 +72,7 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 			if out, err := ExecStdin(e.c.Node, strings.NewReader("*mangle\nCOMMIT\n*nat\nCOMMIT\n*filter\nCOMMIT\n"), ipt+"-restore"); err != nil {
 				e.fatalf(t, "emptying the tables: %v %s", err, out)
 			}
-			broken(t, f, "a firewall reload")
-			if res := e.syncFamily(f, false); res.Repairs == 0 {
-				e.fatalf(t, "%s: check sync after a firewall reload: 0 repairs", f)
-			}
-			works(t, f)
-			if res := e.syncFamily(f, true); res.Repairs != 0 {
-				e.fatalf(t, "%s: full sync after the repairs: %d repairs", f, res.Repairs)
-			}
+			e.expectRepair(t, f, "a firewall reload", false, broken, works)
 		})
 	}
 	t.Run("cleanup", func(t *testing.T) {

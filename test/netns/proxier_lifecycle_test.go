@@ -220,28 +220,14 @@ func TestProxierRepairAndCleanup(t *testing.T) {
 			if out, err := Exec(e.c.Node, "nft", "delete", "element", f.NFTFamilyName, table, "svc-groups", elem); err != nil {
 				e.fatalf(t, "nft delete element: %v %s", err, out)
 			}
-			broken(t, f, "deleting its element")
-			if res := e.syncFamily(f, true); res.Repairs == 0 {
-				e.fatalf(t, "%s: full sync after an element was deleted: 0 repairs", f)
-			}
-			works(t, f)
-			if res := e.syncFamily(f, true); res.Repairs != 0 {
-				e.fatalf(t, "%s: full sync after the repair: %d repairs", f, res.Repairs)
-			}
+			e.expectRepair(t, f, "deleting its element", true, broken, works)
 
 			// 2. Someone deletes a base chain: the NAT prerouting hook.
 			script := fmt.Sprintf("flush chain %[1]s %[2]s nat-prerouting\ndelete chain %[1]s %[2]s nat-prerouting\n", f.NFTFamilyName, table)
 			if out, err := ExecStdin(e.c.Node, strings.NewReader(script), "nft", "-f", "-"); err != nil {
 				e.fatalf(t, "nft delete chain: %v %s", err, out)
 			}
-			broken(t, f, "deleting the nat-prerouting chain")
-			if res := e.syncFamily(f, true); res.Repairs == 0 {
-				e.fatalf(t, "%s: full sync after a base chain was deleted: 0 repairs", f)
-			}
-			works(t, f)
-			if res := e.syncFamily(f, true); res.Repairs != 0 {
-				e.fatalf(t, "%s: full sync after the rebuild: %d repairs", f, res.Repairs)
-			}
+			e.expectRepair(t, f, "deleting the nat-prerouting chain", true, broken, works)
 		})
 	}
 
