@@ -302,6 +302,17 @@ func (e *proxyNode) fatalf(t *testing.T, format string, args ...any) {
 	t.Fatalf("%s\n%s", fmt.Sprintf(format, args...), dbg)
 }
 
+// expectNoRepairs runs a full sync of both families and fails if either found
+// anything to repair (when says after what).
+func (e *proxyNode) expectNoRepairs(t *testing.T, when string) {
+	t.Helper()
+	for f, res := range e.sync(true) {
+		if res.Repairs != 0 {
+			e.fatalf(t, "%s: full sync %s: %d repairs, want 0", f, when, res.Repairs)
+		}
+	}
+}
+
 // expectRepair is the second half of a drift test: what someone else did (named
 // what) broke f's Service (broken says so), the next sync (full, or a check sync
 // with nothing to do) reports repairs and the Service works again, and a full

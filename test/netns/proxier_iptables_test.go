@@ -45,11 +45,7 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 			e.fatalf(t, "%s: the ClusterIP still answers (%v) after %s", f, r, what)
 		}
 	}
-	for f, res := range e.sync(true) {
-		if res.Repairs != 0 {
-			e.fatalf(t, "%s: full sync on an untouched kernel: %d repairs", f, res.Repairs)
-		}
-	}
+	e.expectNoRepairs(t, "on an untouched kernel")
 	for _, f := range family.All {
 		t.Run(f.Name, func(t *testing.T) {
 			works(t, f)

@@ -145,11 +145,7 @@ func testRestartWithoutDrop(t *testing.T, mode string) {
 		}
 	}
 	t.Logf("new connections %v, echoes %v", dials, echoes)
-	for f, res := range e.sync(true) {
-		if res.Repairs != 0 {
-			e.fatalf(t, "%s: full sync after the restart: %d repairs", f, res.Repairs)
-		}
-	}
+	e.expectNoRepairs(t, "after the restart")
 	if mode == modeNFTables {
 		if n := len(dsproxyTables(t, e)); n != 2 {
 			e.fatalf(t, "after the restart: %d dsproxy tables, want one per family", n)
@@ -205,11 +201,7 @@ func TestProxierRepairAndCleanup(t *testing.T) {
 			e.fatalf(t, "%s: the ClusterIP still answers (%v) after %s", f, r, what)
 		}
 	}
-	for f, res := range e.sync(true) {
-		if res.Repairs != 0 {
-			e.fatalf(t, "%s: full sync on an untouched kernel: %d repairs", f, res.Repairs)
-		}
-	}
+	e.expectNoRepairs(t, "on an untouched kernel")
 
 	for _, f := range family.All {
 		t.Run(f.Name, func(t *testing.T) {

@@ -212,9 +212,5 @@ func testProxierServices(t *testing.T, mode string) {
 		})
 	}
 	// The kernel holds what the backends believe: a full sync repairs nothing.
-	for f, res := range x.sync(true) {
-		if res.Repairs != 0 {
-			x.fatalf(t, "%s: full sync after the scenarios: %d repairs, want 0", f, res.Repairs)
-		}
-	}
+	x.expectNoRepairs(t, "after the scenarios")
 }
