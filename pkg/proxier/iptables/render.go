@@ -18,7 +18,8 @@ import (
 // Prefix starts the name of every chain the backend creates.
 const Prefix = ipt.Prefix
 
-// The chains every sync rewrites in full.
+// The dispatch chains: every service port has rules in some of them. A sync
+// rewrites one whole or writes the rules that came and went (rules.emit).
 const (
 	chainServices         = Prefix + "SERVICES"  // nat and filter
 	chainNodePorts        = Prefix + "NODEPORTS" // nat and filter
@@ -342,17 +343,17 @@ func (c *config) localPodMatches() []string {
 	return nil
 }
 
-// globalRules writes the port's rules in the dispatch chains, which every sync
-// rewrites: nat DSPROXY-SERVICES and DSPROXY-NODEPORTS, and the filter chains.
+// globalRules collects the port's rules in the dispatch chains: nat
+// DSPROXY-SERVICES and DSPROXY-NODEPORTS, and the filter chains.
 func (c *config) globalRules(s *shape, nat, filter *rules) {
 	ps := s.ps
 	name := ps.Name.String()
 	cip := "-d " + hostPrefix(ps.ClusterIP)
 	svcPort := s.portMatch(s.port)
 	// Without endpoints: reject, or drop when only other nodes have some.
-	target := reject(s.proto)
+	target, none := reject(s.proto), " has no endpoints"
 	if ps.HasAny {
-		target = "DROP"
+		target, none = "DROP", " has no local endpoints"
 	}
 	if s.internal > 0 {
 		to := svcChain(ps.Name)
@@ -361,7 +362,7 @@ func (c *config) globalRules(s *shape, nat, filter *rules) {
 		}
 		nat.head(chainServices, comment(name+" cluster IP"), cip, svcPort, "-j", to)
 	} else {
-		filter.head(chainServices, comment(name+" has no endpoints"), cip, svcPort, "-j", target)
+		filter.head(chainServices, comment(name+none), cip, svcPort, "-j", target)
 	}
 	if !ps.ExternallyAccessible() {
 		return
@@ -388,11 +389,11 @@ func (c *config) globalRules(s *shape, nat, filter *rules) {
 	}
 	if s.external == 0 {
 		for _, a := range ext {
-			filter.head(chainExternalServices, comment(name+" has no local endpoints"), "-d "+hostPrefix(a), svcPort, "-j", target)
+			filter.head(chainExternalServices, comment(name+none), "-d "+hostPrefix(a), svcPort, "-j", target)
 		}
 		if ps.NodePort != 0 {
 			for _, d := range c.nodePortDests() {
-				filter.head(chainExternalServices, comment(name+" has no local endpoints"), d, s.portMatch(strconv.Itoa(int(ps.NodePort))), "-j", target)
+				filter.head(chainExternalServices, comment(name+none), d, s.portMatch(strconv.Itoa(int(ps.NodePort))), "-j", target)
 			}
 		}
 	}
