@@ -149,109 +149,15 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	c.nodeRules(shapes, nat, filter)
 
 	res := proxier.SyncResult{PartialRestore: !rewriteAll}
-	written := map[model.ServicePortName][]string{}
-	portRules := map[model.ServicePortName]int{}
+	var written map[model.ServicePortName][]string
+	var portRules map[model.ServicePortName]int
 	if rewriteAll {
-		// What is there before anything is written: chains to delete, and to
-		// count as repaired.
-		existing := map[string][]string{}
-		if reconcile {
-			for _, table := range []string{"nat", "filter"} {
-				save, err := b.r.Save(ctx, table)
-				if err != nil {
-					return res, err
-				}
-				maps.Copy(existing, ipt.Chains(save, Prefix))
-			}
-		} else {
-			// After a successful sync: the dispatch chains and what it wrote.
-			existing["nat"] = slices.Clone(natGlobal)
-			for _, chs := range b.written {
-				existing["nat"] = append(existing["nat"], chs...)
-			}
-		}
-		want := map[string]bool{}
-		// Every chunk but the last (which holds the rest with the dispatch
-		// chains) is a transaction of its own, committed here.
-		chunk := newRules(nil)
-		// Port chains jump to DSPROXY-MARK-MASQ and DSPROXY-MASQ-NONLOCAL: a
-		// chunk committed before the last creates the dispatch chains missing
-		// (their rules follow in the last transaction, which declares them all).
-		// Existing ones are not declared, which would flush them until then.
-		var missing []string
-		for _, ch := range natGlobal {
-			if !slices.Contains(existing["nat"], ch) {
-				missing = append(missing, ch)
-			}
-		}
-		for i, s := range shapes {
-			if i > 0 && i%b.opts.MaxPortsPerTx == 0 && len(shapes)-i >= b.opts.MaxPortsPerTx/2 {
-				var in strings.Builder
-				for _, ch := range missing {
-					chunk.declare(ch)
-				}
-				missing = nil
-				chunk.writeTo(&in, "nat")
-				if err := b.r.Restore(ctx, []byte(in.String())); err != nil {
-					res.RestoreFailed = true
-					return res, err
-				}
-				res.Transactions++
-				res.Operations += chunk.n
-				chunk = newRules(nil)
-			}
-			n := chunk.n
-			c.portChains(s, chunk)
-			portRules[s.ps.Name] = chunk.n - n
-			written[s.ps.Name] = s.chains()
-			for _, ch := range written[s.ps.Name] {
-				want[ch] = true
-			}
-		}
-		nat.decl.WriteString(chunk.decl.String())
-		nat.body.WriteString(chunk.body.String())
-		nat.n += chunk.n
-		for _, ch := range existing["nat"] {
-			if !want[ch] && !slices.Contains(natGlobal, ch) && ch != chainCanary {
-				nat.delete(ch)
-			}
-		}
-		for _, ch := range existing["filter"] {
-			if !slices.Contains(filterGlobal, ch) && ch != chainCanary {
-				filter.delete(ch)
-			}
-		}
-		if countRepairs {
-			have := map[string]bool{}
-			for _, ch := range existing["nat"] {
-				have[ch] = true
-			}
-			for ch := range want {
-				if !have[ch] {
-					res.Repairs++
-				}
-			}
+		var err error
+		if written, portRules, err = b.rewritePorts(ctx, c, shapes, nat, filter, reconcile, countRepairs, &res); err != nil {
+			return res, err
 		}
 	} else {
-		written, portRules = maps.Clone(b.written), maps.Clone(b.portRules)
-		for _, n := range req.Changed {
-			var now []string
-			if s := byName[n]; s != nil {
-				before := nat.n
-				c.portChains(s, nat)
-				portRules[n] = nat.n - before
-				now = s.chains()
-				written[n] = now
-			} else {
-				delete(written, n)
-				delete(portRules, n)
-			}
-			for _, ch := range b.written[n] {
-				if !slices.Contains(now, ch) {
-					nat.delete(ch)
-				}
-			}
-		}
+		written, portRules = b.changedPorts(c, req.Changed, byName, nat)
 	}
 	// The dispatch chains: rewritten whole when everything is, else only what
 	// changed since the last successful sync.
@@ -307,6 +213,124 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	}
 	b.synced = true
 	return res, nil
+}
+
+// rewritePorts writes every port's chains: in transactions of MaxPortsPerTx
+// committed here, the rest into nat for the last one. It deletes the chains the
+// kernel has (reconcile: as iptables-save lists them) that nothing wants, and
+// counts the wanted ones it lacked as repairs. It returns, per port, the chains
+// written and their rule counts.
+func (b *Backend) rewritePorts(ctx context.Context, c *config, shapes []*shape, nat, filter *rules,
+	reconcile, countRepairs bool, res *proxier.SyncResult) (map[model.ServicePortName][]string, map[model.ServicePortName]int, error) {
+	written := map[model.ServicePortName][]string{}
+	portRules := map[model.ServicePortName]int{}
+	// What is there before anything is written: chains to delete, and to
+	// count as repaired.
+	existing := map[string][]string{}
+	if reconcile {
+		for _, table := range []string{"nat", "filter"} {
+			save, err := b.r.Save(ctx, table)
+			if err != nil {
+				return nil, nil, err
+			}
+			maps.Copy(existing, ipt.Chains(save, Prefix))
+		}
+	} else {
+		// After a successful sync: the dispatch chains and what it wrote.
+		existing["nat"] = slices.Clone(natGlobal)
+		for _, chs := range b.written {
+			existing["nat"] = append(existing["nat"], chs...)
+		}
+	}
+	want := map[string]bool{}
+	// Every chunk but the last (which holds the rest with the dispatch
+	// chains) is a transaction of its own, committed here.
+	chunk := newRules(nil)
+	// Port chains jump to DSPROXY-MARK-MASQ and DSPROXY-MASQ-NONLOCAL: a
+	// chunk committed before the last creates the dispatch chains missing
+	// (their rules follow in the last transaction, which declares them all).
+	// Existing ones are not declared, which would flush them until then.
+	var missing []string
+	for _, ch := range natGlobal {
+		if !slices.Contains(existing["nat"], ch) {
+			missing = append(missing, ch)
+		}
+	}
+	for i, s := range shapes {
+		if i > 0 && i%b.opts.MaxPortsPerTx == 0 && len(shapes)-i >= b.opts.MaxPortsPerTx/2 {
+			var in strings.Builder
+			for _, ch := range missing {
+				chunk.declare(ch)
+			}
+			missing = nil
+			chunk.writeTo(&in, "nat")
+			if err := b.r.Restore(ctx, []byte(in.String())); err != nil {
+				res.RestoreFailed = true
+				return nil, nil, err
+			}
+			res.Transactions++
+			res.Operations += chunk.n
+			chunk = newRules(nil)
+		}
+		n := chunk.n
+		c.portChains(s, chunk)
+		portRules[s.ps.Name] = chunk.n - n
+		written[s.ps.Name] = s.chains()
+		for _, ch := range written[s.ps.Name] {
+			want[ch] = true
+		}
+	}
+	nat.decl.WriteString(chunk.decl.String())
+	nat.body.WriteString(chunk.body.String())
+	nat.n += chunk.n
+	for _, ch := range existing["nat"] {
+		if !want[ch] && !slices.Contains(natGlobal, ch) && ch != chainCanary {
+			nat.delete(ch)
+		}
+	}
+	for _, ch := range existing["filter"] {
+		if !slices.Contains(filterGlobal, ch) && ch != chainCanary {
+			filter.delete(ch)
+		}
+	}
+	if countRepairs {
+		have := map[string]bool{}
+		for _, ch := range existing["nat"] {
+			have[ch] = true
+		}
+		for ch := range want {
+			if !have[ch] {
+				res.Repairs++
+			}
+		}
+	}
+	return written, portRules, nil
+}
+
+// changedPorts writes the chains of the ports in changed (those of a deleted port
+// deleted) into nat, and returns the updated chains and rule counts per port.
+func (b *Backend) changedPorts(c *config, changed []model.ServicePortName, byName map[model.ServicePortName]*shape,
+	nat *rules) (map[model.ServicePortName][]string, map[model.ServicePortName]int) {
+	written, portRules := maps.Clone(b.written), maps.Clone(b.portRules)
+	for _, n := range changed {
+		var now []string
+		if s := byName[n]; s != nil {
+			before := nat.n
+			c.portChains(s, nat)
+			portRules[n] = nat.n - before
+			now = s.chains()
+			written[n] = now
+		} else {
+			delete(written, n)
+			delete(portRules, n)
+		}
+		for _, ch := range b.written[n] {
+			if !slices.Contains(now, ch) {
+				nat.delete(ch)
+			}
+		}
+	}
+	return written, portRules
 }
 
 // ensureSysctl writes v to the sysctl file path unless it holds v already.
