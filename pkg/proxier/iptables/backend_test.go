@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -528,5 +530,171 @@ func TestNodeChangeChunksKeepDispatch(t *testing.T) {
 		if slices.Contains(declared(r.restores[0]), ch) {
 			t.Errorf("node change: the first chunk flushes the live %s", ch)
 		}
+	}
+}
+
+// kernelModel applies iptables-restore --noflush inputs the way the kernel ends
+// up: per table, chains and their rules in order. It fails on what
+// iptables-restore refuses (a rule for a chain that does not exist, deleting a
+// rule that is not there, deleting a chain that still has rules).
+type kernelModel struct {
+	fakeRunner
+	tables map[string]map[string][]string // table → chain → rules
+}
+
+func (k *kernelModel) Restore(ctx context.Context, data []byte) error {
+	if err := k.fakeRunner.Restore(ctx, data); err != nil {
+		return err
+	}
+	if k.tables == nil {
+		k.tables = map[string]map[string][]string{}
+	}
+	var table string
+	for line := range strings.SplitSeq(string(data), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case line == "" || line == "COMMIT":
+		case strings.HasPrefix(line, "*"):
+			table = line[1:]
+			if k.tables[table] == nil {
+				k.tables[table] = map[string][]string{}
+			}
+		case strings.HasPrefix(line, ":"):
+			k.tables[table][f[0][1:]] = []string{}
+		case f[0] == "-A" || f[0] == "-I" || f[0] == "-D":
+			chain := f[1]
+			rules, ok := k.tables[table][chain]
+			if !ok {
+				return fmt.Errorf("%s: chain %s does not exist", line, chain)
+			}
+			switch f[0] {
+			case "-A":
+				k.tables[table][chain] = append(rules, strings.Join(f[2:], " "))
+			case "-I":
+				k.tables[table][chain] = append([]string{strings.Join(f[3:], " ")}, rules...)
+			case "-D":
+				i := slices.Index(rules, strings.Join(f[2:], " "))
+				if i < 0 {
+					return fmt.Errorf("%s: no such rule", line)
+				}
+				k.tables[table][chain] = slices.Delete(rules, i, i+1)
+			}
+		case f[0] == "-X":
+			if len(k.tables[table][f[1]]) != 0 {
+				return fmt.Errorf("%s: chain not empty", line)
+			}
+			delete(k.tables[table], f[1])
+		default:
+			return fmt.Errorf("unexpected restore line %q", line)
+		}
+	}
+	return nil
+}
+
+// canonical is the model's content with each chain's rules sorted, except the
+// order that matters: per-port chains and the tails are compared as written by
+// a full sync, so sorting both sides keeps "same rules" and the tail check below
+// keeps "same order".
+func (k *kernelModel) canonical() map[string][]string {
+	out := map[string][]string{}
+	for t, chains := range k.tables {
+		for ch, rules := range chains {
+			out[t+" "+ch] = slices.Sorted(slices.Values(rules))
+		}
+	}
+	return out
+}
+
+// TestRandomPartialSyncs: after any sequence of partial syncs (endpoints, ports,
+// Services and node ports coming and going), the kernel holds what a full sync
+// of the same state writes into an empty kernel, and every tail rule (the
+// NodePort jump, the unallocated-address drop, ...) is still last.
+func TestRandomPartialSyncs(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			rnd := rand.New(rand.NewPCG(7, uint64(f.BitLen)))
+			k := &kernelModel{}
+			b, err := New(f, k, Options{MasqueradeBit: 14, MaxPortsPerTx: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ports := map[model.ServicePortName]*model.PortState{}
+			randomPort := func(i int) *model.PortState {
+				var eps []int
+				for e := range 1 + rnd.IntN(12) {
+					if rnd.IntN(4) > 0 {
+						eps = append(eps, 1+e)
+					}
+				}
+				ps := port(f, fmt.Sprintf("s%d", i), 1+i, eps...)
+				for j := range ps.Cluster {
+					ps.Cluster[j].Local = rnd.IntN(3) == 0
+					if ps.Cluster[j].Local {
+						ps.Local = append(ps.Local, ps.Cluster[j])
+					}
+				}
+				if rnd.IntN(3) == 0 {
+					ps.NodePort = uint16(30000 + i)
+					ps.ExternalPolicyLocal = rnd.IntN(2) == 0
+					if !ps.ExternalPolicyLocal {
+						ps.Local = nil
+					}
+				} else {
+					ps.Local = nil
+				}
+				if rnd.IntN(4) == 0 {
+					ps.AffinitySeconds = 30
+				}
+				if rnd.IntN(5) == 0 {
+					ps.ExternalIPs = []netip.Addr{addr(f, fmt.Sprintf("203.0.113.%d", i), fmt.Sprintf("2001:db8:7::%d", i))}
+				}
+				return ps
+			}
+			st := func() *model.State {
+				s := model.NewState()
+				maps.Copy(s.Ports, ports)
+				return s
+			}
+			for i := range 8 {
+				ps := randomPort(i)
+				ports[ps.Name] = ps
+			}
+			sync(t, b, &proxier.SyncRequest{Full: true, State: st(), Node: node(f)})
+			for step := range 300 {
+				i := rnd.IntN(12)
+				name := portName(fmt.Sprintf("s%d", i))
+				if _, ok := ports[name]; ok && rnd.IntN(4) == 0 {
+					delete(ports, name)
+				} else {
+					ports[name] = randomPort(i)
+				}
+				sync(t, b, &proxier.SyncRequest{State: st(), Changed: []model.ServicePortName{name}, Node: node(f)})
+				fresh := &kernelModel{}
+				fb, _ := New(f, fresh, Options{MasqueradeBit: 14, MaxPortsPerTx: 3})
+				sync(t, fb, &proxier.SyncRequest{Full: true, State: st(), Node: node(f)})
+				got, want := k.canonical(), fresh.canonical()
+				for ch := range maps.Keys(want) {
+					if !slices.Equal(got[ch], want[ch]) {
+						t.Fatalf("step %d (%s): chain %s holds\n%s\nwant\n%s", step, name, ch,
+							strings.Join(got[ch], "\n"), strings.Join(want[ch], "\n"))
+					}
+				}
+				for ch := range maps.Keys(got) {
+					if _, ok := want[ch]; !ok {
+						t.Fatalf("step %d (%s): chain %s left behind", step, name, ch)
+					}
+				}
+				// Tail rules stay last.
+				for _, tc := range []struct{ table, chain, last string }{
+					{"nat", chainServices, "-j " + chainNodePorts},
+					{"filter", chainServiceCIDRs, "-j DROP"},
+				} {
+					rules := k.tables[tc.table][tc.chain]
+					if len(rules) == 0 || !strings.HasSuffix(rules[len(rules)-1], tc.last) {
+						t.Fatalf("step %d: %s %s does not end with %q:\n%s", step, tc.table, tc.chain, tc.last, strings.Join(rules, "\n"))
+					}
+				}
+			}
+		})
 	}
 }
