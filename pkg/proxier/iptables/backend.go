@@ -53,16 +53,92 @@ type Backend struct {
 	f    *family.Family
 	r    Runner
 	opts Options
-	// written holds, per service port, the chains the last syncs created for it,
-	// and portRules how many nat rules they hold.
-	written   map[model.ServicePortName][]string
-	portRules map[model.ServicePortName]int
-	// content is, per table, what the dispatch chains held after the last
-	// successful sync (after a failure the next sync rewrites them anyway).
-	content map[string]map[string]*chainContent
+	// p is what the syncs since the last full one wrote for the service ports;
+	// tails the dispatch chains' tails. Both are exact only while synced.
+	p     *written
+	tails map[string][]string
 	// synced is false until a sync succeeds and after a failed one: the next sync
 	// then rewrites and reconciles everything.
 	synced bool
+}
+
+// written is what the backend wrote for the service ports: their chains, the
+// rules in them, and their rules in the dispatch chains. count holds, per
+// dispatch chain ("table chain"), each rule with the number of ports that want
+// it (ports of one Service share some); the chain holds the rules counted.
+type written struct {
+	chains   map[model.ServicePortName][]string
+	rules    map[model.ServicePortName]int
+	ruleSum  int
+	dispatch map[model.ServicePortName]map[string][]string
+	count    map[string]map[string]int
+}
+
+func newWritten() *written {
+	return &written{chains: map[model.ServicePortName][]string{}, rules: map[model.ServicePortName]int{},
+		dispatch: map[model.ServicePortName]map[string][]string{}, count: map[string]map[string]int{}}
+}
+
+// setDispatch replaces port n's dispatch rules with d (nil: none). touched
+// records, for each rule whose count changed, the count before this sync's first
+// change to it.
+func (w *written) setDispatch(n model.ServicePortName, d map[string][]string, touched map[string]map[string]int) {
+	move := func(rules map[string][]string, by int) {
+		for key, lines := range rules {
+			cnt := w.count[key]
+			if cnt == nil {
+				cnt = map[string]int{}
+				w.count[key] = cnt
+			}
+			t := touched[key]
+			if t == nil {
+				t = map[string]int{}
+				touched[key] = t
+			}
+			for _, l := range lines {
+				if _, ok := t[l]; !ok {
+					t[l] = cnt[l]
+				}
+				if cnt[l] += by; cnt[l] == 0 {
+					delete(cnt, l)
+				}
+			}
+		}
+	}
+	move(w.dispatch[n], -1)
+	move(d, +1)
+	if d == nil {
+		delete(w.dispatch, n)
+	} else {
+		w.dispatch[n] = d
+	}
+}
+
+// setChains records port n's chains and their rule count (nil chains: none).
+func (w *written) setChains(n model.ServicePortName, chains []string, rules int) {
+	w.ruleSum += rules - w.rules[n]
+	if chains == nil {
+		delete(w.chains, n)
+		delete(w.rules, n)
+		return
+	}
+	w.chains[n], w.rules[n] = chains, rules
+}
+
+// dispatchOf renders port s's rules in the dispatch chains, per "table chain",
+// each rule once.
+func (c *config) dispatchOf(s *shape) map[string][]string {
+	nat, filter := newRules(natGlobal), newRules(filterGlobal)
+	c.globalRules(s, nat, filter)
+	out := map[string][]string{}
+	for table, r := range map[string]*rules{"nat": nat, "filter": filter} {
+		for ch, cc := range r.content {
+			if len(cc.head) > 0 {
+				out[table+" "+ch] = slices.Compact(slices.Sorted(slices.Values(cc.head)))
+			}
+		}
+	}
+	return out
 }
 
 var (
@@ -100,18 +176,19 @@ func New(f *family.Family, r Runner, opts Options) (*Backend, error) {
 	if opts.MaxPortsPerTx <= 0 {
 		opts.MaxPortsPerTx = defaultMaxPortsPerTx
 	}
-	return &Backend{f: f, r: r, opts: opts, written: map[model.ServicePortName][]string{}, portRules: map[model.ServicePortName]int{}}, nil
+	return &Backend{f: f, r: r, opts: opts, p: newWritten()}, nil
 }
 
 // routeLocalnet is the sysctl localhost NodePorts need.
 const routeLocalnet = "/proc/sys/net/ipv4/conf/all/route_localnet"
 
 // Sync implements proxier.Backend. A partial sync is one iptables-restore of what
-// changed: the chains of the ports in req.Changed, and the differences in the
-// dispatch chains. A full sync, the first, one after a failure and one after a
-// node change rewrite every chain, in transactions of MaxPortsPerTx ports and a
-// last one with the dispatch chains; a full (or first) one also deletes DSPROXY-
-// chains that nothing wants and puts back missing jumps from the built-in chains.
+// changed: the chains of the ports in req.Changed, and in the dispatch chains the
+// rules that came or went. A full sync, the first, one after a failure and one
+// after a node change rewrite every chain, in transactions of MaxPortsPerTx ports
+// and a last one with the dispatch chains; a full (or first) one also deletes
+// DSPROXY- chains that nothing wants and puts back missing jumps from the
+// built-in chains.
 func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.SyncResult, error) {
 	if req.Node == nil || req.Node.Family != b.f {
 		return proxier.SyncResult{}, fmt.Errorf("iptables %s: sync without this family's node config", b.f)
@@ -130,39 +207,23 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		localhostNP: b.opts.LocalhostNodePorts && b.f == family.IPv4 &&
 			(req.Node.NodePortAddresses.MatchAll || len(req.Node.NodePortAddresses.Loopback) > 0),
 	}
-	names := slices.SortedFunc(maps.Keys(req.State.Ports), model.ServicePortName.Compare)
-	shapes := make([]*shape, 0, len(names))
-	byName := make(map[model.ServicePortName]*shape, len(names))
-	for _, n := range names {
-		ps := req.State.Ports[n]
-		if !b.f.Contains(ps.ClusterIP) {
-			continue
-		}
-		s := shapeOf(ps)
-		shapes = append(shapes, &s)
-		byName[n] = &s
-	}
 	nat, filter := newRules(natGlobal), newRules(filterGlobal)
-	for _, s := range shapes {
-		c.globalRules(s, nat, filter)
+	c.nodeTails(nat, filter)
+	tails := map[string][]string{}
+	for table, r := range map[string]*rules{"nat": nat, "filter": filter} {
+		for ch, cc := range r.content {
+			tails[table+" "+ch] = cc.tail
+		}
 	}
-	c.nodeRules(shapes, nat, filter)
-
 	res := proxier.SyncResult{PartialRestore: !rewriteAll}
-	var written map[model.ServicePortName][]string
-	var portRules map[model.ServicePortName]int
 	if rewriteAll {
-		var err error
-		if written, portRules, err = b.rewritePorts(ctx, c, shapes, nat, filter, reconcile, countRepairs, &res); err != nil {
+		if err := b.rewritePorts(ctx, c, req.State, nat, filter, reconcile, countRepairs, &res); err != nil {
 			return res, err
 		}
 	} else {
-		written, portRules = b.changedPorts(c, req.Changed, byName, nat)
+		b.changedPorts(c, req, nat, filter, tails)
 	}
-	// The dispatch chains: rewritten whole when everything is, else only what
-	// changed since the last successful sync.
-	nat.emit(b.content["nat"], rewriteAll)
-	filter.emit(b.content["filter"], rewriteAll)
+	b.tails = tails
 	var in strings.Builder
 	if reconcile {
 		mangle := newRules(nil)
@@ -179,17 +240,13 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	}
 	res.Operations += nat.n + filter.n
 	res.Transactions++
-	b.written, b.portRules = written, portRules
-	b.content = map[string]map[string]*chainContent{"nat": nat.content, "filter": filter.content}
 	res.RulesWritten = map[string]int{"nat": res.Operations - filter.n, "filter": filter.n}
-	res.RulesTotal = map[string]int{"nat": 0, "filter": 0}
-	for table, chains := range b.content {
-		for _, c := range chains {
-			res.RulesTotal[table] += c.len()
-		}
+	res.RulesTotal = map[string]int{"nat": b.p.ruleSum, "filter": 0}
+	for key, cnt := range b.p.count {
+		res.RulesTotal[strings.Fields(key)[0]] += len(cnt)
 	}
-	for _, n := range portRules {
-		res.RulesTotal["nat"] += n
+	for key, t := range tails {
+		res.RulesTotal[strings.Fields(key)[0]] += len(t)
 	}
 	if c.localhostNP {
 		if err := ensureSysctl(routeLocalnet, "1"); err != nil {
@@ -215,47 +272,56 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	return res, nil
 }
 
-// rewritePorts writes every port's chains: in transactions of MaxPortsPerTx
-// committed here, the rest into nat for the last one. It deletes the chains the
-// kernel has (reconcile: as iptables-save lists them) that nothing wants, and
-// counts the wanted ones it lacked as repairs. It returns, per port, the chains
-// written and their rule counts.
-func (b *Backend) rewritePorts(ctx context.Context, c *config, shapes []*shape, nat, filter *rules,
-	reconcile, countRepairs bool, res *proxier.SyncResult) (map[model.ServicePortName][]string, map[model.ServicePortName]int, error) {
-	written := map[model.ServicePortName][]string{}
-	portRules := map[model.ServicePortName]int{}
-	// What is there before anything is written: chains to delete, and to
-	// count as repaired.
+// rewritePorts writes every port's chains, in transactions of MaxPortsPerTx
+// committed here and the rest into nat for the last one, and every dispatch chain
+// whole into nat and filter. It deletes the chains the kernel has (reconcile: as
+// iptables-save lists them) that nothing wants, and counts the wanted ones it
+// lacked as repairs.
+func (b *Backend) rewritePorts(ctx context.Context, c *config, st *model.State, nat, filter *rules,
+	reconcile, countRepairs bool, res *proxier.SyncResult) error {
+	names := slices.SortedFunc(maps.Keys(st.Ports), model.ServicePortName.Compare)
+	shapes := make([]*shape, 0, len(names))
+	for _, n := range names {
+		if ps := st.Ports[n]; b.f.Contains(ps.ClusterIP) {
+			s := shapeOf(ps)
+			shapes = append(shapes, &s)
+		}
+	}
+	// What is there before anything is written: chains to delete, and to count
+	// as repaired.
 	existing := map[string][]string{}
 	if reconcile {
 		for _, table := range []string{"nat", "filter"} {
 			save, err := b.r.Save(ctx, table)
 			if err != nil {
-				return nil, nil, err
+				return err
 			}
 			maps.Copy(existing, ipt.Chains(save, Prefix))
 		}
 	} else {
 		// After a successful sync: the dispatch chains and what it wrote.
 		existing["nat"] = slices.Clone(natGlobal)
-		for _, chs := range b.written {
+		for _, chs := range b.p.chains {
 			existing["nat"] = append(existing["nat"], chs...)
 		}
 	}
+	p := newWritten()
+	touched := map[string]map[string]int{}
 	want := map[string]bool{}
-	// Every chunk but the last (which holds the rest with the dispatch
-	// chains) is a transaction of its own, committed here.
-	chunk := newRules(nil)
-	// Port chains jump to DSPROXY-MARK-MASQ and DSPROXY-MASQ-NONLOCAL: a
-	// chunk committed before the last creates the dispatch chains missing
-	// (their rules follow in the last transaction, which declares them all).
-	// Existing ones are not declared, which would flush them until then.
+	// Port chains jump to DSPROXY-MARK-MASQ and DSPROXY-MASQ-NONLOCAL: a chunk
+	// committed before the last creates the dispatch chains missing (their rules
+	// follow in the last transaction, which declares them all). Existing ones are
+	// not declared, which would flush them until then.
 	var missing []string
 	for _, ch := range natGlobal {
 		if !slices.Contains(existing["nat"], ch) {
 			missing = append(missing, ch)
 		}
 	}
+	// Every chunk but the last (which holds the rest with the dispatch chains) is
+	// a transaction of its own, committed here.
+	chunk := newRules(nil)
+	heads := map[string][]string{} // dispatch rules in port order
 	for i, s := range shapes {
 		if i > 0 && i%b.opts.MaxPortsPerTx == 0 && len(shapes)-i >= b.opts.MaxPortsPerTx/2 {
 			var in strings.Builder
@@ -266,7 +332,7 @@ func (b *Backend) rewritePorts(ctx context.Context, c *config, shapes []*shape, 
 			chunk.writeTo(&in, "nat")
 			if err := b.r.Restore(ctx, []byte(in.String())); err != nil {
 				res.RestoreFailed = true
-				return nil, nil, err
+				return err
 			}
 			res.Transactions++
 			res.Operations += chunk.n
@@ -274,15 +340,24 @@ func (b *Backend) rewritePorts(ctx context.Context, c *config, shapes []*shape, 
 		}
 		n := chunk.n
 		c.portChains(s, chunk)
-		portRules[s.ps.Name] = chunk.n - n
-		written[s.ps.Name] = s.chains()
-		for _, ch := range written[s.ps.Name] {
+		p.setChains(s.ps.Name, s.chains(), chunk.n-n)
+		for _, ch := range s.chains() {
 			want[ch] = true
+		}
+		d := c.dispatchOf(s)
+		p.setDispatch(s.ps.Name, d, touched)
+		for key, lines := range d {
+			heads[key] = append(heads[key], lines...)
 		}
 	}
 	nat.decl.WriteString(chunk.decl.String())
 	nat.body.WriteString(chunk.body.String())
 	nat.n += chunk.n
+	for table, r := range map[string]*rules{"nat": nat, "filter": filter} {
+		for _, ch := range slices.Sorted(maps.Keys(r.content)) {
+			r.writeWhole(ch, heads[table+" "+ch], r.content[ch].tail)
+		}
+	}
 	for _, ch := range existing["nat"] {
 		if !want[ch] && !slices.Contains(natGlobal, ch) && ch != chainCanary {
 			nat.delete(ch)
@@ -304,33 +379,62 @@ func (b *Backend) rewritePorts(ctx context.Context, c *config, shapes []*shape, 
 			}
 		}
 	}
-	return written, portRules, nil
+	b.p = p
+	return nil
 }
 
-// changedPorts writes the chains of the ports in changed (those of a deleted port
-// deleted) into nat, and returns the updated chains and rule counts per port.
-func (b *Backend) changedPorts(c *config, changed []model.ServicePortName, byName map[model.ServicePortName]*shape,
-	nat *rules) (map[model.ServicePortName][]string, map[model.ServicePortName]int) {
-	written, portRules := maps.Clone(b.written), maps.Clone(b.portRules)
-	for _, n := range changed {
+// changedPorts writes the chains of the ports in req.Changed (a deleted port's
+// deleted) into nat, and their dispatch rules that came or went: deleted by their
+// spec, inserted at the top. Its cost follows the number of changed ports, not of
+// Services. A dispatch chain whose tail differs from the last sync's (which only a
+// node change does, and that rewrites everything) is rewritten whole.
+func (b *Backend) changedPorts(c *config, req *proxier.SyncRequest, nat, filter *rules, tails map[string][]string) {
+	touched := map[string]map[string]int{}
+	for _, n := range req.Changed {
+		var s *shape
+		if ps := req.State.Ports[n]; ps != nil && b.f.Contains(ps.ClusterIP) {
+			sh := shapeOf(ps)
+			s = &sh
+		}
+		old := b.p.chains[n]
 		var now []string
-		if s := byName[n]; s != nil {
+		if s != nil {
 			before := nat.n
 			c.portChains(s, nat)
-			portRules[n] = nat.n - before
 			now = s.chains()
-			written[n] = now
+			b.p.setChains(n, now, nat.n-before)
+			b.p.setDispatch(n, c.dispatchOf(s), touched)
 		} else {
-			delete(written, n)
-			delete(portRules, n)
+			b.p.setChains(n, nil, 0)
+			b.p.setDispatch(n, nil, touched)
 		}
-		for _, ch := range b.written[n] {
+		for _, ch := range old {
 			if !slices.Contains(now, ch) {
 				nat.delete(ch)
 			}
 		}
 	}
-	return written, portRules
+	byTable := map[string]*rules{"nat": nat, "filter": filter}
+	for _, key := range slices.Sorted(maps.Keys(tails)) {
+		table, ch, _ := strings.Cut(key, " ")
+		r := byTable[table]
+		if !slices.Equal(tails[key], b.tails[key]) {
+			r.writeWhole(ch, slices.Sorted(maps.Keys(b.p.count[key])), tails[key])
+			continue
+		}
+		t := touched[key]
+		lines := slices.Sorted(maps.Keys(t))
+		for _, l := range lines {
+			if t[l] > 0 && b.p.count[key][l] == 0 {
+				r.line("-D", ch, l)
+			}
+		}
+		for _, l := range slices.Backward(lines) {
+			if t[l] == 0 && b.p.count[key][l] > 0 {
+				r.line("-I", ch, "1 "+l)
+			}
+		}
+	}
 }
 
 // ensureSysctl writes v to the sysctl file path unless it holds v already.
@@ -349,7 +453,7 @@ func ensureSysctl(path, v string) error {
 // Cleanup implements proxier.Backend: every DSPROXY- chain of the family goes, with
 // every rule that jumps to one.
 func (b *Backend) Cleanup(ctx context.Context) error {
-	b.synced, b.written, b.portRules, b.content = false, map[model.ServicePortName][]string{}, map[model.ServicePortName]int{}, nil
+	b.synced, b.p, b.tails = false, newWritten(), nil
 	save, err := b.r.Save(ctx, "")
 	if err != nil {
 		return err

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -31,11 +30,12 @@ const (
 	chainForward          = Prefix + "FORWARD"
 	chainFirewall         = Prefix + "FIREWALL"
 	chainServiceCIDRs     = Prefix + "SERVICE-CIDRS"
+	chainClusterIPs       = Prefix + "CLUSTER-IPS"
 )
 
 var (
 	natGlobal    = []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq, chainMasqNonLocal}
-	filterGlobal = []string{chainServices, chainNodePorts, chainExternalServices, chainProxyFirewall, chainForward, chainFirewall, chainServiceCIDRs}
+	filterGlobal = []string{chainServices, chainNodePorts, chainExternalServices, chainProxyFirewall, chainForward, chainFirewall, chainServiceCIDRs, chainClusterIPs}
 )
 
 // jump is a rule in a built-in chain that sends traffic to one of the backend's.
@@ -223,52 +223,20 @@ func (r *rules) tail(chain string, args ...string) {
 	c.tail = append(c.tail, strings.Join(args, " "))
 }
 
-// emit writes the dispatch chains. A chain is rewritten whole (declared, so
-// flushed, then every rule appended) when rewrite is set, when the kernel's
-// content is unknown (prev lacks it), when its tail changed, or when the change
-// is big; otherwise the head's removed rules are deleted by their spec and its new
-// ones inserted at the top, and an unchanged chain is not written at all.
-func (r *rules) emit(prev map[string]*chainContent, rewrite bool) {
-	for _, ch := range slices.Sorted(maps.Keys(r.content)) {
-		cur, old := r.content[ch], prev[ch]
-		if !rewrite && old != nil && slices.Equal(cur.tail, old.tail) {
-			added, removed := diffLines(old.head, cur.head)
-			if len(added)+len(removed) <= max(len(cur.head)/4, 16) {
-				for _, l := range removed {
-					r.line("-D", ch, l)
-				}
-				for _, l := range slices.Backward(added) {
-					r.line("-I", ch, "1 "+l)
-				}
-				continue
-			}
-		}
-		r.declare(ch)
-		for _, l := range slices.Concat(cur.head, cur.tail) {
-			r.line("-A", ch, l)
+// writeWhole writes a dispatch chain whole: declared (so flushed), then every
+// rule of head (each once) and tail appended.
+func (r *rules) writeWhole(chain string, head, tail []string) {
+	r.declare(chain)
+	seen := make(map[string]bool, len(head))
+	for _, l := range head {
+		if !seen[l] {
+			seen[l] = true
+			r.line("-A", chain, l)
 		}
 	}
-}
-
-// diffLines returns the lines of cur missing from old (in cur's order) and those
-// of old missing from cur.
-func diffLines(old, cur []string) (added, removed []string) {
-	in := make(map[string]bool, len(old))
-	for _, l := range old {
-		in[l] = true
+	for _, l := range tail {
+		r.line("-A", chain, l)
 	}
-	for _, l := range cur {
-		if !in[l] {
-			added = append(added, l)
-		}
-		delete(in, l)
-	}
-	for _, l := range old {
-		if in[l] {
-			removed = append(removed, l)
-		}
-	}
-	return added, removed
 }
 
 // writeTo writes the table's section, if it has anything to write.
@@ -354,6 +322,20 @@ func (c *config) globalRules(s *shape, nat, filter *rules) {
 	target, none := reject(s.proto), " has no endpoints"
 	if ps.HasAny {
 		target, none = "DROP", " has no local endpoints"
+	}
+	// Any other port of the ClusterIP is refused (the Service's ports write the
+	// same two rules; a chain holds them once).
+	svcName := comment(ps.Name.Namespace + "/" + ps.Name.Name + " port not served")
+	catchAll := chainClusterIPs
+	if slices.ContainsFunc(c.node.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(ps.ClusterIP) }) {
+		catchAll = chainServiceCIDRs
+	}
+	// The two are disjoint: the rules of a dispatch chain's head may be in any
+	// order.
+	filter.head(catchAll, svcName, cip, "-p tcp", "-j", reject("tcp"))
+	filter.head(catchAll, svcName, cip, "! -p tcp", "-j", reject(""))
+	if p := ps.HealthCheckNodePort; p != 0 {
+		filter.head(chainNodePorts, comment(ps.Name.Namespace+"/"+ps.Name.Name+" health check node port"), "-p tcp -m tcp --dport "+strconv.Itoa(int(p)), "-j ACCEPT")
 	}
 	if s.internal > 0 {
 		to := svcChain(ps.Name)
@@ -512,10 +494,10 @@ func (c *config) sep(s *shape, ep *model.Endpoint, nat *rules) {
 	nat.add(ch, comment(n.String()), "-p "+s.proto+" -m "+s.proto+aff, "-j DNAT --to-destination", ep.AddrPort().String())
 }
 
-// nodeRules writes the node-wide rules of the dispatch chains: the tails of
-// DSPROXY-SERVICES, masquerading, forwarding, the reserved NodePorts and the
-// service CIDRs.
-func (c *config) nodeRules(ports []*shape, nat, filter *rules) {
+// nodeTails writes the node-wide rules of the dispatch chains, in their tails:
+// the NodePort jump, masquerading, forwarding, the service CIDRs and the NodePorts
+// the other family reserves. None depends on a service port.
+func (c *config) nodeTails(nat, filter *rules) {
 	f := c.node.Family
 	for _, d := range c.nodePortDests() {
 		nat.tail(chainServices, comment("dsproxy service nodeports; NOTE: this must be the last rule in this chain"), d, "-j", chainNodePorts)
@@ -540,42 +522,20 @@ func (c *config) nodeRules(ports []*shape, nat, filter *rules) {
 		lo := f.Loopback.String()
 		filter.tail(chainFirewall, comment("block incoming localnet connections"), "-d "+lo, "! -s "+lo, "-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT", "-j DROP")
 	}
-	// Any other port of a ClusterIP is refused; then unallocated service addresses
-	// are dropped. Only traffic to a service CIDR walks DSPROXY-SERVICE-CIDRS: the
+	// Only traffic to a service CIDR walks DSPROXY-SERVICE-CIDRS: the
 	// load-balanced kind was DNATed to its endpoint before the filter table, so
-	// its new connections pass one rule per CIDR, not two per ClusterIP.
-	seen := map[netip.Addr]bool{}
-	for _, s := range ports {
-		if a := s.ps.ClusterIP; !seen[a] {
-			seen[a] = true
-			// In DSPROXY-SERVICE-CIDRS order does not matter; a ClusterIP outside
-			// every known service CIDR is refused in DSPROXY-SERVICES, after
-			// (so in the tail, behind) the per-port rules that may drop instead.
-			add := filter.tail
-			ch := chainServices
-			if slices.ContainsFunc(c.node.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
-				add, ch = filter.head, chainServiceCIDRs
-			}
-			cm := comment(s.ps.Name.Namespace + "/" + s.ps.Name.Name + " port not served")
-			add(ch, cm, "-d "+hostPrefix(a), "-p tcp", "-j", reject("tcp"))
-			add(ch, cm, "-d "+hostPrefix(a), "-j", reject(""))
-		}
-	}
+	// its new connections pass one rule per CIDR, not two per ClusterIP. Then
+	// DSPROXY-CLUSTER-IPS, for ClusterIPs outside every known service CIDR
+	// (after the per-port rules, which may drop rather than refuse).
 	for _, p := range c.node.ServiceCIDRs {
 		filter.tail(chainServices, comment("service CIDR"), "-d "+p.Masked().String(), "-j", chainServiceCIDRs)
 	}
+	filter.tail(chainServices, "-j", chainClusterIPs)
 	filter.tail(chainServiceCIDRs, comment("unallocated service address"), "-j DROP")
 	for _, k := range c.node.ReservedNodePorts {
 		proto := strings.ToLower(string(k.Protocol))
 		for _, d := range c.nodePortDests() {
-			filter.head(chainExternalServices, comment(k.String()+" is reserved by the other family"), d, "-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(int(k.Port)), "-j", reject(proto))
-		}
-	}
-	hc := map[uint16]bool{}
-	for _, s := range ports {
-		if p := s.ps.HealthCheckNodePort; p != 0 && !hc[p] {
-			hc[p] = true
-			filter.head(chainNodePorts, comment(s.ps.Name.Namespace+"/"+s.ps.Name.Name+" health check node port"), "-p tcp -m tcp --dport "+strconv.Itoa(int(p)), "-j ACCEPT")
+			filter.tail(chainExternalServices, comment(k.String()+" is reserved by the other family"), d, "-p "+proto+" -m "+proto+" --dport "+strconv.Itoa(int(k.Port)), "-j", reject(proto))
 		}
 	}
 }
