@@ -43,9 +43,11 @@
 //	  FORWARD: DSPROXY-PROXY-FIREWALL, DSPROXY-FORWARD, DSPROXY-SERVICES, DSPROXY-EXTERNAL-SERVICES
 //	  OUTPUT:  DSPROXY-PROXY-FIREWALL, DSPROXY-SERVICES, DSPROXY-FIREWALL
 //	  DSPROXY-SERVICES:          ClusterIP ports without endpoints REJECT (DROP when only other
-//	                             nodes have some); any other port of a ClusterIP REJECT;
-//	                             (for service CIDRs, in DSPROXY-SERVICE-CIDRS) then
-//	                             unallocated addresses of the service CIDRs DROP
+//	                             nodes have some); -d <service CIDR> -j DSPROXY-SERVICE-CIDRS;
+//	                             -j DSPROXY-CLUSTER-IPS
+//	  DSPROXY-SERVICE-CIDRS:     any other port of a ClusterIP REJECT (TCP reset, ! -p tcp
+//	                             ICMP); then the unallocated addresses DROP
+//	  DSPROXY-CLUSTER-IPS:       the same REJECTs for ClusterIPs outside every known CIDR
 //	  DSPROXY-EXTERNAL-SERVICES: external destinations without endpoints REJECT or DROP;
 //	                             NodePorts the other family reserves REJECT
 //	  DSPROXY-PROXY-FIREWALL:    VIPs with source ranges DROP (allowed sources were DNATed)
@@ -56,4 +58,12 @@
 // Filter rules see packets after DNAT, so a destination still equal to a Service
 // address there was not load-balanced: that is how "no endpoints", "port not
 // served" and "source not allowed" are told apart without tracking state.
+//
+// The rules a dispatch chain holds for service ports (its head) are disjoint, so
+// their order never matters and a sync may insert new ones at the top; rules
+// that must come last (the tail: the NodePort jump, the CIDR jumps, the DROP of
+// unallocated addresses) depend only on node settings, and a change of those
+// rewrites everything. The backend keeps every port's head rules with a count per
+// rule, so a partial sync costs what its changed ports cost, whatever the number
+// of Services.
 package iptables
