@@ -179,8 +179,6 @@ type chainContent struct {
 	head, tail []string
 }
 
-func (c *chainContent) len() int { return len(c.head) + len(c.tail) }
-
 func newRules(chains []string) *rules {
 	r := &rules{content: map[string]*chainContent{}}
 	for _, ch := range chains {
