@@ -56,15 +56,19 @@ func Cleanup(ctx context.Context, kubeProxy bool) error {
 	return errors.Join(errs...)
 }
 
-// cleanupIPTablesMode removes the DSPROXY- chains of f's iptables mode, from the
-// nf_tables-backed and the legacy tables both (or those of the plain iptables
-// binaries where neither is installed by name). A node without iptables binaries
-// has none; that is not an error.
-func cleanupIPTablesMode(ctx context.Context, f *family.Family) error {
+// cleanupIPTablesMode removes the DSPROXY- chains of f's iptables mode from the
+// tables of the given flavours (none given: the nf_tables-backed and the legacy
+// ones, or those of the plain iptables binaries where neither is installed by
+// name). A flavour without binaries has none; that is not an error.
+func cleanupIPTablesMode(ctx context.Context, f *family.Family, flavors ...ipt.Flavor) error {
+	all := len(flavors) == 0
+	if all {
+		flavors = []ipt.Flavor{ipt.FlavorNFT, ipt.FlavorLegacy, ipt.FlavorDefault}
+	}
 	var errs []error
 	found := false
-	for _, fl := range []ipt.Flavor{ipt.FlavorNFT, ipt.FlavorLegacy, ipt.FlavorDefault} {
-		if fl == ipt.FlavorDefault && found {
+	for _, fl := range flavors {
+		if all && fl == ipt.FlavorDefault && found {
 			break
 		}
 		r, err := ipt.New(f, fl)
@@ -85,20 +89,27 @@ func cleanupIPTablesMode(ctx context.Context, f *family.Family) error {
 }
 
 // cleanupOtherMode removes, in every family, what dsproxy's other mode left in the
-// kernel: the DSPROXY- iptables chains when mode is nftables, the dsproxy
-// nftables tables when mode is iptables. kube-proxy's platformCleanup does the
-// same for its own modes as it starts; the daemon does it once every family it
-// proxies has been programmed, so that the old mode's rules serve new
-// connections until the new mode's do. Connections they translated keep their
-// conntrack entries.
-// k is the nftables connection to use.
-func cleanupOtherMode(ctx context.Context, mode config.ProxyMode, k nft.Kernel) error {
+// kernel: the DSPROXY- iptables chains when mode is nftables; in iptables mode
+// the dsproxy nftables tables, and the DSPROXY- chains of the iptables flavour
+// not in use (inUse, resolved to nft or legacy; nothing when it is unknown), which
+// a restart that detected the other flavour leaves hooked. kube-proxy's
+// platformCleanup does the same for its own modes as it starts; the daemon does
+// it once every family it proxies has been programmed, so that the old rules
+// serve new connections until the new ones do. Connections they translated keep
+// their conntrack entries. k is the nftables connection to use.
+func cleanupOtherMode(ctx context.Context, mode config.ProxyMode, inUse ipt.Flavor, k nft.Kernel) error {
 	var errs []error
 	switch mode {
 	case config.ModeIPTables:
 		for _, f := range family.All {
 			if err := nftables.New(f, k, nftables.Options{}).Cleanup(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("%s: nftables mode: %w", f, err))
+			}
+			switch inUse {
+			case ipt.FlavorNFT:
+				errs = append(errs, cleanupIPTablesMode(ctx, f, ipt.FlavorLegacy))
+			case ipt.FlavorLegacy:
+				errs = append(errs, cleanupIPTablesMode(ctx, f, ipt.FlavorNFT))
 			}
 		}
 	case config.ModeNFTables:

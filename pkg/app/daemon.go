@@ -121,7 +121,7 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 			return
 		}
 		defer k.Close()
-		if err := cleanupOtherMode(ctx, cfg.ProxyMode, k); err != nil {
+		if err := cleanupOtherMode(ctx, cfg.ProxyMode, ipt.Resolve(ctx, family.IPv4, d.iptFlavor), k); err != nil {
 			klog.ErrorS(err, "Removing the other proxy mode's rules")
 		}
 	})

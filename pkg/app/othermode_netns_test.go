@@ -41,16 +41,19 @@ func oneServiceSync(f *family.Family) *proxier.SyncRequest {
 	return &proxier.SyncRequest{Full: true, State: st, Changed: []model.ServicePortName{name}, Node: &proxier.NodeConfig{Family: f}, NodeChanged: true}
 }
 
-// TestCleanupOtherMode programs one Service with both backends in a fresh network
-// namespace and checks that starting in one mode removes the other mode's rules,
+// TestCleanupOtherMode programs one Service with both backends (the iptables one
+// in both flavours) in a fresh network namespace and checks that starting in one
+// mode removes the other mode's rules, and in iptables mode the other flavour's,
 // and only those.
 func TestCleanupOtherMode(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
 	for _, f := range family.All {
-		if _, err := exec.LookPath(f.IPTablesCommand + "-restore"); err != nil {
-			t.Skipf("no %s-restore", f.IPTablesCommand)
+		for _, fl := range []string{"nft", "legacy"} {
+			if _, err := exec.LookPath(f.IPTablesCommand + "-" + fl + "-restore"); err != nil {
+				t.Skipf("no %s-%s-restore", f.IPTablesCommand, fl)
+			}
 		}
 	}
 	errc := make(chan error, 1)
@@ -82,11 +85,11 @@ func testCleanupOtherMode(t *testing.T, ns vnetns.NsHandle) {
 		return
 	}
 	defer k.Close()
-	program := func(mode config.ProxyMode) bool {
+	program := func(mode config.ProxyMode, fl ipt.Flavor) bool {
 		for _, f := range family.All {
 			var b proxier.Backend = nftables.New(f, k, nftables.Options{})
 			if mode == config.ModeIPTables {
-				r, err := ipt.New(f, ipt.FlavorDefault)
+				r, err := ipt.New(f, fl)
 				if err != nil {
 					t.Error(err)
 					return false
@@ -118,37 +121,41 @@ func testCleanupOtherMode(t *testing.T, ns vnetns.NsHandle) {
 		}
 		return n
 	}
-	iptChains := func() int {
+	// iptChains counts the DSPROXY- chains of a flavour's tables.
+	iptChains := func(flavor string) int {
 		n := 0
 		for _, f := range family.All {
-			out, err := exec.Command(f.IPTablesCommand + "-save").Output()
+			out, err := exec.Command(f.IPTablesCommand + "-" + flavor + "-save").Output()
 			if err != nil {
-				t.Errorf("%s-save: %v", f.IPTablesCommand, err)
+				t.Errorf("%s-%s-save: %v", f.IPTablesCommand, flavor, err)
 			}
 			n += strings.Count(string(out), ":"+iptables.Prefix)
 		}
 		return n
 	}
-	if !program(config.ModeNFTables) || !program(config.ModeIPTables) {
+	iptAll := func() int { return iptChains("nft") + iptChains("legacy") }
+	// Both modes, and iptables mode in both flavours (an earlier start detected
+	// the other one).
+	if !program(config.ModeNFTables, "") || !program(config.ModeIPTables, ipt.FlavorNFT) || !program(config.ModeIPTables, ipt.FlavorLegacy) {
 		return
 	}
-	if n, c := nftTables(), iptChains(); n != 2 || c == 0 {
-		t.Errorf("after programming both modes: %d dsproxy nftables tables (want 2), %d DSPROXY- chains (want some)", n, c)
+	if n, c, l := nftTables(), iptChains("nft"), iptChains("legacy"); n != 2 || c == 0 || l == 0 {
+		t.Errorf("after programming both modes: %d dsproxy nftables tables (want 2), %d and %d DSPROXY- chains in nft and legacy (want some)", n, c, l)
 		return
 	}
-	if err := cleanupOtherMode(ctx, config.ModeIPTables, k); err != nil {
+	if err := cleanupOtherMode(ctx, config.ModeIPTables, ipt.FlavorNFT, k); err != nil {
 		t.Errorf("cleanup for iptables mode: %v", err)
 	}
-	if n, c := nftTables(), iptChains(); n != 0 || c == 0 {
-		t.Errorf("iptables mode's cleanup left %d nftables tables (want 0) and %d DSPROXY- chains (want them kept)", n, c)
+	if n, c, l := nftTables(), iptChains("nft"), iptChains("legacy"); n != 0 || c == 0 || l != 0 {
+		t.Errorf("iptables mode (nft)'s cleanup left %d nftables tables (want 0), %d DSPROXY- chains in nft (want them kept), %d in legacy (want 0)", n, c, l)
 	}
-	if !program(config.ModeNFTables) {
+	if !program(config.ModeNFTables, "") {
 		return
 	}
-	if err := cleanupOtherMode(ctx, config.ModeNFTables, k); err != nil {
+	if err := cleanupOtherMode(ctx, config.ModeNFTables, ipt.FlavorDefault, k); err != nil {
 		t.Errorf("cleanup for nftables mode: %v", err)
 	}
-	if n, c := nftTables(), iptChains(); n != 2 || c != 0 {
+	if n, c := nftTables(), iptAll(); n != 2 || c != 0 {
 		t.Errorf("nftables mode's cleanup left %d nftables tables (want 2 kept) and %d DSPROXY- chains (want 0)", n, c)
 	}
 }

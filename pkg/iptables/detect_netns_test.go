@@ -12,9 +12,9 @@ import (
 	vnetns "github.com/vishvananda/netns"
 )
 
-// TestDetectRealKernel: in a fresh network namespace, the kubelet's canary chain
-// in the legacy mangle table makes Detect choose legacy; moved to the nf_tables
-// one, nft.
+// TestDetectRealKernel: in a fresh network namespace Detect chooses the default
+// and creates no legacy table; the kubelet's canary chain in the legacy mangle
+// table makes it choose legacy; moved to the nf_tables one, nft.
 func TestDetectRealKernel(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -45,6 +45,13 @@ func TestDetectRealKernel(t *testing.T) {
 		}
 		if got, why := Detect(context.Background(), nil); got != FlavorDefault {
 			t.Errorf("empty namespace: Detect = %q (%s), want the default", got, why)
+		}
+		// Detecting must not create legacy tables on a node that has none.
+		for _, names := range []string{"ip_tables_names", "ip6_tables_names"} {
+			b, err := os.ReadFile("/proc/thread-self/net/" + names)
+			if err == nil && len(b) > 0 {
+				t.Errorf("after Detect in an empty namespace, %s lists %q", names, b)
+			}
 		}
 		if !run("iptables-legacy", "-t", "mangle", "-N", "KUBE-KUBELET-CANARY") {
 			return

@@ -11,7 +11,9 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
+	"time"
 
 	goipt "github.com/coreos/go-iptables/iptables"
 
@@ -211,12 +213,17 @@ var hintChains = []string{"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"}
 
 // Detect chooses the flavour the rest of the node uses, as kube-proxy's image's
 // iptables-wrapper does: the one whose mangle table holds the kubelet's hint
-// chains, else the one with more rules, else the default. save runs a flavour's
-// save command for a family (nil: run it); a flavour whose binaries are missing
-// counts as empty.
+// chains, else the one with more rules (dsproxy's own not counted), else the
+// default. Like the wrapper it reads each flavour with a whole save and never
+// names a table: naming one (-t mangle) makes the legacy kernel module create it
+// on a node that does not use legacy iptables. save runs a flavour's save command
+// for a family (nil: run it, for at most 5 seconds); a flavour whose binaries are
+// missing counts as empty.
 func Detect(ctx context.Context, save func(ctx context.Context, cmd string, args ...string) (string, error)) (Flavor, string) {
 	if save == nil {
 		save = func(ctx context.Context, cmd string, args ...string) (string, error) {
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
 			out, err := exec.CommandContext(ctx, cmd, args...).Output()
 			return string(out), err
 		}
@@ -225,18 +232,19 @@ func Detect(ctx context.Context, save func(ctx context.Context, cmd string, args
 	for _, fl := range []Flavor{FlavorLegacy, FlavorNFT} {
 		for _, f := range family.All {
 			r := &Runner{f: f, flavor: fl}
-			if out, err := save(ctx, r.command("-save"), "-t", "mangle"); err == nil {
-				for _, h := range hintChains {
-					if strings.Contains(out, ":"+h+" ") {
-						hints[fl] = true
-					}
-				}
+			out, err := save(ctx, r.command("-save"))
+			if err != nil {
+				continue
 			}
-			if out, err := save(ctx, r.command("-save")); err == nil {
-				for line := range strings.SplitSeq(out, "\n") {
-					if strings.HasPrefix(line, "-A ") && !strings.Contains(line, Prefix) {
-						rules[fl]++
-					}
+			table := ""
+			for line := range strings.SplitSeq(out, "\n") {
+				switch {
+				case strings.HasPrefix(line, "*"):
+					table = line[1:]
+				case table == "mangle" && strings.HasPrefix(line, ":") && slices.Contains(hintChains, strings.Fields(line[1:])[0]):
+					hints[fl] = true
+				case strings.HasPrefix(line, "-A ") && !strings.Contains(line, Prefix):
+					rules[fl]++
 				}
 			}
 		}
@@ -252,6 +260,25 @@ func Detect(ctx context.Context, save func(ctx context.Context, cmd string, args
 		return FlavorNFT, fmt.Sprintf("the nf_tables tables hold more rules (%d against %d)", rules[FlavorNFT], rules[FlavorLegacy])
 	}
 	return FlavorDefault, "no hint chains and no rules in either flavour"
+}
+
+// Resolve names the flavour f's binaries of flavour fl are: fl itself, or for
+// the default the one its --version reports ("(nf_tables)" or "(legacy)");
+// FlavorDefault when that cannot be told.
+func Resolve(ctx context.Context, f *family.Family, fl Flavor) Flavor {
+	if fl != FlavorDefault {
+		return fl
+	}
+	out, err := exec.CommandContext(ctx, f.IPTablesCommand, "--version").Output()
+	switch {
+	case err != nil:
+		return FlavorDefault
+	case strings.Contains(string(out), "(nf_tables)"):
+		return FlavorNFT
+	case strings.Contains(string(out), "(legacy)"):
+		return FlavorLegacy
+	}
+	return FlavorDefault
 }
 
 // Prefix is what dsproxy's chains are named with; Detect does not count its rules.

@@ -115,6 +115,7 @@ func (c *NodeConfig) Equal(o *NodeConfig) bool {
 	return c.Family == o.Family && c.NodeIP == o.NodeIP &&
 		c.NodePortAddresses.MatchAll == o.NodePortAddresses.MatchAll &&
 		slices.Equal(c.NodePortAddresses.Addrs, o.NodePortAddresses.Addrs) &&
+		slices.Equal(c.NodePortAddresses.Loopback, o.NodePortAddresses.Loopback) &&
 		slices.Equal(c.ReservedNodePorts, o.ReservedNodePorts) &&
 		slices.Equal(c.ServiceCIDRs, o.ServiceCIDRs) &&
 		c.Local.Mode == o.Local.Mode && c.Local.Interface == o.Local.Interface &&

@@ -57,6 +57,7 @@ type Backend struct {
 	// tails the dispatch chains' tails. Both are exact only while synced.
 	p     *written
 	tails map[string][]string
+	node  *proxier.NodeConfig // of the last successful sync
 	// synced is false until a sync succeeds and after a failed one: the next sync
 	// then rewrites and reconciles everything.
 	synced bool
@@ -196,7 +197,9 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	reconcile := req.Full || !b.synced
 	// Differences a full sync finds after a successful one are repairs.
 	countRepairs := req.Full && b.synced
-	rewriteAll := reconcile || req.NodeChanged
+	// A change of the NodePorts the other family reserves only changes a tail
+	// (changedPorts rewrites that chain); any other node change rewrites all.
+	rewriteAll := reconcile || (req.NodeChanged && !b.sameNodeButReserved(req.Node))
 	b.synced = false // until this sync succeeds
 	mask := uint32(1) << b.opts.MasqueradeBit
 	c := &config{
@@ -249,8 +252,10 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		res.RulesTotal[strings.Fields(key)[0]] += len(t)
 	}
 	if c.localhostNP {
+		// Without it localhost NodePorts do not answer; everything else does, so
+		// it is logged, not a failed sync (which would retry as a full one).
 		if err := ensureSysctl(routeLocalnet, "1"); err != nil {
-			return res, err
+			klog.ErrorS(err, "Localhost NodePorts will not work", "ipFamily", b.f.Name)
 		}
 	}
 	if reconcile {
@@ -268,8 +273,20 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 			}
 		}
 	}
+	b.node = req.Node
 	b.synced = true
 	return res, nil
+}
+
+// sameNodeButReserved reports whether n equals the last successful sync's node
+// settings in everything but the reserved NodePorts.
+func (b *Backend) sameNodeButReserved(n *proxier.NodeConfig) bool {
+	if b.node == nil {
+		return false
+	}
+	m := *n
+	m.ReservedNodePorts = b.node.ReservedNodePorts
+	return m.Equal(b.node)
 }
 
 // rewritePorts writes every port's chains, in transactions of MaxPortsPerTx

@@ -699,3 +699,36 @@ func TestRandomPartialSyncs(t *testing.T) {
 		})
 	}
 }
+
+// A NodePort the other family starts or stops reserving rewrites one chain, not
+// every port's.
+func TestReservedNodePortChangeIsSmall(t *testing.T) {
+	f := family.IPv6
+	r := &kernelModel{}
+	b, err := New(f, r, Options{MasqueradeBit: 14, MaxPortsPerTx: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := []*model.PortState{port(f, "a", 1, 1), port(f, "c", 2, 2), port(f, "d", 3, 3)}
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(ports...), Node: node(f)})
+	r.restores = nil
+	n := node(f)
+	n.ReservedNodePorts = []nodeport.Key{{Protocol: v1.ProtocolTCP, Port: 30999}}
+	res := sync(t, b, &proxier.SyncRequest{State: state(ports...), Node: n, NodeChanged: true})
+	if res.Transactions != 1 || !res.PartialRestore {
+		t.Fatalf("reserving a NodePort: %d transactions, partial %v; want one partial", res.Transactions, res.PartialRestore)
+	}
+	if got := declared(r.last()); !slices.Equal(got, []string{chainExternalServices}) {
+		t.Errorf("reserving a NodePort declared %v, want only %s:\n%s", got, chainExternalServices, r.last())
+	}
+	rules := r.tables["filter"][chainExternalServices]
+	if len(rules) == 0 || !strings.Contains(rules[len(rules)-1], "--dport 30999 -j REJECT --reject-with tcp-reset") {
+		t.Errorf("%s after reserving TCP 30999:\n%s", chainExternalServices, strings.Join(rules, "\n"))
+	}
+	// Any other node change still rewrites everything.
+	n2 := node(f)
+	n2.MasqueradeAll = true
+	if res := sync(t, b, &proxier.SyncRequest{State: state(ports...), Node: n2, NodeChanged: true}); res.PartialRestore {
+		t.Error("masqueradeAll turned on: a partial sync, want everything rewritten")
+	}
+}
