@@ -43,6 +43,10 @@ type Family struct {
 	ICMPRejectCode uint8
 	// IPTablesCommand is "iptables" or "ip6tables".
 	IPTablesCommand string
+	// RouteLocalnetSysctl is the sysctl that lets packets to loopback addresses
+	// be routed, which NodePorts on localhost need (kube-proxy's iptables mode
+	// serves them for IPv4 only); "" for IPv6, which has none.
+	RouteLocalnetSysctl string
 	// SaddrOffset and DaddrOffset are the byte offsets of the source and destination
 	// addresses in the network header; AddrLen is their length in bytes.
 	SaddrOffset uint32
@@ -53,22 +57,23 @@ type Family struct {
 // IPv4 and IPv6 are the two families.
 var (
 	IPv4 = &Family{
-		Name:            "IPv4",
-		IPFamily:        v1.IPv4Protocol,
-		AddressType:     discovery.AddressTypeIPv4,
-		BitLen:          32,
-		Loopback:        netip.MustParsePrefix("127.0.0.0/8"),
-		Any:             netip.IPv4Unspecified(),
-		AnyPrefix:       netip.MustParsePrefix("0.0.0.0/0"),
-		LinkLocal:       netip.MustParsePrefix("169.254.0.0/16"),
-		NFProto:         2,
-		NFTFamilyName:   "ip",
-		ICMPRejectType:  3,
-		ICMPRejectCode:  3,
-		IPTablesCommand: "iptables",
-		SaddrOffset:     12,
-		DaddrOffset:     16,
-		AddrLen:         4,
+		Name:                "IPv4",
+		IPFamily:            v1.IPv4Protocol,
+		AddressType:         discovery.AddressTypeIPv4,
+		BitLen:              32,
+		Loopback:            netip.MustParsePrefix("127.0.0.0/8"),
+		Any:                 netip.IPv4Unspecified(),
+		AnyPrefix:           netip.MustParsePrefix("0.0.0.0/0"),
+		LinkLocal:           netip.MustParsePrefix("169.254.0.0/16"),
+		NFProto:             2,
+		NFTFamilyName:       "ip",
+		ICMPRejectType:      3,
+		ICMPRejectCode:      3,
+		IPTablesCommand:     "iptables",
+		RouteLocalnetSysctl: "/proc/sys/net/ipv4/conf/all/route_localnet",
+		SaddrOffset:         12,
+		DaddrOffset:         16,
+		AddrLen:             4,
 	}
 	IPv6 = &Family{
 		Name:            "IPv6",

@@ -180,9 +180,6 @@ func New(f *family.Family, r Runner, opts Options) (*Backend, error) {
 	return &Backend{f: f, r: r, opts: opts, p: newWritten()}, nil
 }
 
-// routeLocalnet is the sysctl localhost NodePorts need.
-const routeLocalnet = "/proc/sys/net/ipv4/conf/all/route_localnet"
-
 // Sync implements proxier.Backend. A partial sync is one iptables-restore of what
 // changed: the chains of the ports in req.Changed, and in the dispatch chains the
 // rules that came or went. A full sync, the first, one after a failure and one
@@ -207,7 +204,7 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		masqBit:  fmt.Sprintf("%#x", mask),
 		masqMark: fmt.Sprintf("%#x/%#x", mask, mask),
 		random:   b.r.HasRandomFully(),
-		localhostNP: b.opts.LocalhostNodePorts && b.f == family.IPv4 &&
+		localhostNP: b.opts.LocalhostNodePorts && b.f.RouteLocalnetSysctl != "" &&
 			(req.Node.NodePortAddresses.MatchAll || len(req.Node.NodePortAddresses.Loopback) > 0),
 	}
 	nat, filter := newRules(natGlobal), newRules(filterGlobal)
@@ -244,38 +241,54 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	res.Operations += nat.n + filter.n
 	res.Transactions++
 	res.RulesWritten = map[string]int{"nat": res.Operations - filter.n, "filter": filter.n}
-	res.RulesTotal = map[string]int{"nat": b.p.ruleSum, "filter": 0}
-	for key, cnt := range b.p.count {
-		res.RulesTotal[strings.Fields(key)[0]] += len(cnt)
-	}
-	for key, t := range tails {
-		res.RulesTotal[strings.Fields(key)[0]] += len(t)
-	}
+	res.RulesTotal = b.rulesTotal()
 	if c.localhostNP {
 		// Without it localhost NodePorts do not answer; everything else does, so
 		// it is logged, not a failed sync (which would retry as a full one).
-		if err := ensureSysctl(routeLocalnet, "1"); err != nil {
+		if err := ensureSysctl(b.f.RouteLocalnetSysctl, "1"); err != nil {
 			klog.ErrorS(err, "Localhost NodePorts will not work", "ipFamily", b.f.Name)
 		}
 	}
 	if reconcile {
-		js := jumps()
-		for i := len(js) - 1; i >= 0; i-- {
-			added, err := b.r.EnsureRule(js[i].table, js[i].chain, js[i].rule...)
-			if err != nil {
-				return res, err
-			}
-			if added {
-				res.Operations++
-				if countRepairs {
-					res.Repairs++
-				}
-			}
+		if err := b.ensureJumps(countRepairs, &res); err != nil {
+			return res, err
 		}
 	}
 	b.node = req.Node
 	b.synced = true
 	return res, nil
+}
+
+// rulesTotal counts the rules the backend owns, per table: those of the port chains
+// and the dispatch chains' heads and tails.
+func (b *Backend) rulesTotal() map[string]int {
+	out := map[string]int{"nat": b.p.ruleSum, "filter": 0}
+	for key, cnt := range b.p.count {
+		out[strings.Fields(key)[0]] += len(cnt)
+	}
+	for key, t := range b.tails {
+		out[strings.Fields(key)[0]] += len(t)
+	}
+	return out
+}
+
+// ensureJumps puts back any missing jump from a built-in chain (a repair when
+// countRepairs), inserting in reverse so they end up in jumps' order.
+func (b *Backend) ensureJumps(countRepairs bool, res *proxier.SyncResult) error {
+	js := jumps()
+	for i := len(js) - 1; i >= 0; i-- {
+		added, err := b.r.EnsureRule(js[i].table, js[i].chain, js[i].rule...)
+		if err != nil {
+			return err
+		}
+		if added {
+			res.Operations++
+			if countRepairs {
+				res.Repairs++
+			}
+		}
+	}
+	return nil
 }
 
 // sameNodeButReserved reports whether n equals the last successful sync's node
@@ -304,23 +317,9 @@ func (b *Backend) rewritePorts(ctx context.Context, c *config, st *model.State, 
 			shapes = append(shapes, &s)
 		}
 	}
-	// What is there before anything is written: chains to delete, and to count
-	// as repaired.
-	existing := map[string][]string{}
-	if reconcile {
-		for _, table := range []string{"nat", "filter"} {
-			save, err := b.r.Save(ctx, table)
-			if err != nil {
-				return err
-			}
-			maps.Copy(existing, ipt.Chains(save, Prefix))
-		}
-	} else {
-		// After a successful sync: the dispatch chains and what it wrote.
-		existing["nat"] = slices.Clone(natGlobal)
-		for _, chs := range b.p.chains {
-			existing["nat"] = append(existing["nat"], chs...)
-		}
+	existing, err := b.existingChains(ctx, reconcile)
+	if err != nil {
+		return err
 	}
 	p := newWritten()
 	touched := map[string]map[string]int{}
@@ -398,6 +397,29 @@ func (b *Backend) rewritePorts(ctx context.Context, c *config, st *model.State, 
 	}
 	b.p = p
 	return nil
+}
+
+// existingChains lists, per table, the DSPROXY- chains there before a rewrite
+// writes anything (chains to delete, and to count as repaired): as iptables-save
+// shows them when reconciling, else the dispatch chains and what the last
+// successful sync wrote.
+func (b *Backend) existingChains(ctx context.Context, reconcile bool) (map[string][]string, error) {
+	existing := map[string][]string{}
+	if !reconcile {
+		existing["nat"] = slices.Clone(natGlobal)
+		for _, chs := range b.p.chains {
+			existing["nat"] = append(existing["nat"], chs...)
+		}
+		return existing, nil
+	}
+	for _, table := range []string{"nat", "filter"} {
+		save, err := b.r.Save(ctx, table)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(existing, ipt.Chains(save, Prefix))
+	}
+	return existing, nil
 }
 
 // changedPorts writes the chains of the ports in req.Changed (a deleted port's
