@@ -199,6 +199,16 @@ func dialSCTP(dst netip.AddrPort, timeout time.Duration) (string, netip.AddrPort
 		return "", netip.AddrPort{}, err
 	}
 	defer unix.Close(fd)
+	// As for UDP: without IP_RECVERR an SCTP socket keeps an ICMP port
+	// unreachable as a soft error that only the INIT's timeout reports.
+	if dst.Addr().Is6() {
+		err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_RECVERR, 1)
+	} else {
+		err = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_RECVERR, 1)
+	}
+	if err != nil {
+		return "", netip.AddrPort{}, err
+	}
 	err = unix.Connect(fd, sockaddrOf(dst))
 	if err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		return "", netip.AddrPort{}, err

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -29,10 +30,12 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
+	"github.com/dsproxy/dsproxy/pkg/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 	"github.com/dsproxy/dsproxy/pkg/proxier/iptables"
+	ipvsbackend "github.com/dsproxy/dsproxy/pkg/proxier/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
 )
 
@@ -92,6 +95,7 @@ type pxFamily struct {
 	// b is the nftables backend (nftables mode); ib the iptables one.
 	b   *nftables.Backend
 	ib  *iptables.Backend
+	vb  *ipvsbackend.Backend
 	nl  *nft.Netlink
 	obs *syncRecorder
 }
@@ -103,10 +107,26 @@ const (
 	// modeIPTablesLegacy is the iptables backend over the legacy (x_tables)
 	// binaries, as on a node whose kubelet uses them.
 	modeIPTablesLegacy = "iptables-legacy"
+	// modeIPVS needs a kernel with IPVS (hack/guest/run.sh boots one).
+	modeIPVS = "ipvs"
 )
 
 // proxyModes are the modes whose scenarios the harness runs.
-var proxyModes = []string{modeNFTables, modeIPTables, modeIPTablesLegacy}
+var proxyModes = []string{modeNFTables, modeIPTables, modeIPTablesLegacy, modeIPVS}
+
+// requireIPVS skips the test when the kernel has no IPVS, unless
+// DSPROXY_REQUIRE_IPVS is set (make test-ipvs, in a guest kernel that has it),
+// when it fails instead.
+func requireIPVS(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
+		return
+	}
+	if os.Getenv("DSPROXY_REQUIRE_IPVS") != "" {
+		t.Fatal("DSPROXY_REQUIRE_IPVS is set and the kernel has no IPVS (/proc/net/ip_vs)")
+	}
+	t.Skip("the kernel has no IPVS: make test-ipvs runs this in a guest kernel that has it")
+}
 
 // iptFlavor is the iptables flavour of an iptables mode.
 func iptFlavor(mode string) ipt.Flavor {
@@ -167,6 +187,9 @@ func newProxyNode(t *testing.T) *proxyNode {
 // newProxyNodeMode is newProxyNode with the backend of mode.
 func newProxyNodeMode(t *testing.T, mode string) *proxyNode {
 	t.Helper()
+	if mode == modeIPVS {
+		requireIPVS(t)
+	}
 	if mode != modeNFTables {
 		for _, f := range family.All {
 			if _, err := exec.LookPath(iptCommand(mode, f, "-restore")); err != nil {
@@ -216,7 +239,14 @@ func (e *proxyNode) nodeAddrs() ([]netip.Addr, error) {
 		return nil, err
 	}
 	out := make([]netip.Addr, 0, len(addrs))
+	dummy := -1
+	if l, err := e.c.Node.Netlink().LinkByName(ipvs.LinkName); err == nil {
+		dummy = l.Attrs().Index
+	}
 	for _, a := range addrs {
+		if a.LinkIndex == dummy {
+			continue // the IPVS mode's Service addresses are not NodePort addresses
+		}
 		if ip, ok := netip.AddrFromSlice(a.IP); ok {
 			out = append(out, ip.Unmap())
 		}
@@ -241,6 +271,18 @@ func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 			e.t.Fatalf("%s: %v", f, err)
 		}
 		backend = proxier.Within(pf.ib, func(fn func() error) error { return RunIn(e.c.Node, fn) })
+	case modeIPVS:
+		k, err := ipvs.Open(f, e.c.Node.Path())
+		if err != nil {
+			e.t.Fatalf("%s: %v", f, err)
+		}
+		e.t.Cleanup(k.Close)
+		r, err := ipt.New(f, ipt.FlavorDefault)
+		if err != nil {
+			e.t.Fatalf("%s: %v", f, err)
+		}
+		pf.vb = ipvsbackend.New(f, k, r, ipvsbackend.Options{MasqueradeBit: 14})
+		backend = proxier.Within(pf.vb, func(fn func() error) error { return RunIn(e.c.Node, fn) })
 	default:
 		nl, err := nft.NewNetlink(nft.WithNetNSFd(int(e.c.Node.Handle())))
 		if err != nil {
@@ -290,6 +332,15 @@ func (e *proxyNode) fatalf(t *testing.T, format string, args ...any) {
 				out += fmt.Sprintf("(%v)\n", err)
 			}
 			dbg += fmt.Sprintf("### %s: %s\n%s", e.c.Node.Name, iptCommand(e.mode, f, "-save"), out)
+		}
+	}
+	if e.mode == modeIPVS {
+		for _, cmd := range [][]string{{"cat", "/proc/net/ip_vs"}, {"ipset", "list"}, {"ip", "addr", "show", ipvs.LinkName}} {
+			out, err := Exec(e.c.Node, cmd[0], cmd[1:]...)
+			if err != nil {
+				out += fmt.Sprintf("(%v)\n", err)
+			}
+			dbg += fmt.Sprintf("### %s: %s\n%s", e.c.Node.Name, strings.Join(cmd, " "), out)
 		}
 	}
 	if _, err := Exec(e.c.Node, "nft", "list", "ruleset"); err != nil {
@@ -504,6 +555,10 @@ func (e *proxyNode) expectRefused(t *testing.T, from *NS, p Proto, dst netip.Add
 	switch {
 	case err == nil:
 		e.fatalf(t, "%s %s -> %s: answered (%v), want refused", p, from, dst, r)
+	case p == SCTP && IsTimeout(err):
+		// Linux SCTP does not fail connect on an ICMP port unreachable for its
+		// INIT (seen with every backend on the guest kernel, IP_RECVERR set):
+		// there a refusal is a timeout.
 	case !IsRefused(err):
 		e.fatalf(t, "%s %s -> %s: %v, want refused", p, from, dst, err)
 	case took > time.Second:
@@ -524,12 +579,15 @@ func (e *proxyNode) expectDropped(t *testing.T, from *NS, p Proto, dst netip.Add
 }
 
 // expectRefusedFromNode is expectRefused for a client on the node itself. A UDP
-// (or SCTP) datagram that the node's own output hook rejects never leaves: the
-// kernel fails the send with EPERM, so that is what "refused" looks like there
-// (kube-proxy's rules behave the same); TCP still gets its reset.
+// datagram that the node's own output hook rejects never leaves: the kernel
+// fails the send with EPERM, so that is what "refused" looks like there
+// (kube-proxy's rules behave the same); TCP still gets its reset, and SCTP, whose
+// connect sends its INIT asynchronously, its ICMP error or ABORT. In IPVS mode
+// Service addresses are the node's own: its datagram reaches the input hook and
+// is refused as anyone's is.
 func (e *proxyNode) expectRefusedFromNode(t *testing.T, p Proto, dst netip.AddrPort) {
 	t.Helper()
-	if p == TCP {
+	if p != UDP || e.mode == modeIPVS {
 		e.expectRefused(t, e.c.Node, p, dst)
 		return
 	}
@@ -537,10 +595,11 @@ func (e *proxyNode) expectRefusedFromNode(t *testing.T, p Proto, dst netip.AddrP
 }
 
 // expectDroppedFromNode is expectDropped for a client on the node itself; as in
-// expectRefusedFromNode, a datagram dropped by the output hook fails with EPERM.
+// expectRefusedFromNode, a datagram dropped by the output hook fails with EPERM
+// (a dropped SCTP INIT, sent asynchronously, is a timeout).
 func (e *proxyNode) expectDroppedFromNode(t *testing.T, p Proto, dst netip.AddrPort) {
 	t.Helper()
-	if p == TCP {
+	if p != UDP {
 		e.expectDropped(t, e.c.Node, p, dst)
 		return
 	}

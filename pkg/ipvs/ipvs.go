@@ -1,0 +1,463 @@
+// Package ipvs is the kernel side of dsproxy's IPVS mode for one family: IPVS
+// virtual servers and their real servers (github.com/moby/ipvs), the dummy link
+// that holds the Service addresses, and ipsets (github.com/vishvananda/netlink),
+// all over netlink, in the network namespace the Kernel was opened in.
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	mipvs "github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+)
+
+// LinkName is the dummy interface the Service addresses are bound to, as
+// kube-proxy's kube-ipvs0.
+const LinkName = "dsproxy-ipvs0"
+
+// Key identifies a virtual server: address, IP protocol number and port.
+type Key struct {
+	Addr  netip.Addr
+	Proto uint8
+	Port  uint16
+}
+
+func (k Key) String() string {
+	return fmt.Sprintf("%s/%s", protoName(k.Proto), netip.AddrPortFrom(k.Addr, k.Port))
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	}
+	return strconv.Itoa(int(p))
+}
+
+// Service is a virtual server's settings.
+type Service struct {
+	Key
+	Scheduler string
+	// Persistent makes the scheduler send a client to the same real server for
+	// Timeout seconds (ClientIP session affinity).
+	Persistent bool
+	Timeout    uint32
+}
+
+// Dest is a real server; Active and Inactive are the kernel's connection counts
+// (read only).
+type Dest struct {
+	Addr             netip.Addr
+	Port             uint16
+	Weight           int
+	Active, Inactive int
+}
+
+// Entry is an ipset member: IP, then for port types Proto and Port, then IP2
+// (with CIDR2 for a net) for the three-part types.
+type Entry struct {
+	IP    netip.Addr
+	Proto uint8
+	Port  uint16
+	IP2   netip.Addr
+	CIDR2 uint8
+}
+
+// Kernel is one family's IPVS-mode kernel state in one network namespace.
+type Kernel struct {
+	f    *family.Family
+	ipvs *mipvs.Handle
+	nl   *netlink.Handle
+}
+
+// Open connects to the kernel in the network namespace of nsPath ("" for the
+// caller's).
+func Open(f *family.Family, nsPath string) (*Kernel, error) {
+	h, err := mipvs.New(nsPath)
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: %w (is the ip_vs module loaded?)", err)
+	}
+	ns := netns.None()
+	if nsPath != "" {
+		if ns, err = netns.GetFromPath(nsPath); err != nil {
+			h.Close()
+			return nil, err
+		}
+		defer ns.Close()
+	}
+	nlh, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE, unix.NETLINK_NETFILTER)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	return &Kernel{f: f, ipvs: h, nl: nlh}, nil
+}
+
+// Close releases the netlink sockets.
+func (k *Kernel) Close() {
+	k.ipvs.Close()
+	k.nl.Close()
+}
+
+func (k *Kernel) af() uint16 { return uint16(k.f.NFProto) }
+
+func (k *Kernel) mipvsService(s Service) *mipvs.Service {
+	out := &mipvs.Service{
+		Address: net.IP(s.Addr.AsSlice()), Protocol: uint16(s.Proto), Port: s.Port,
+		SchedName: s.Scheduler, AddressFamily: k.af(), Netmask: 0xffffffff,
+	}
+	if k.f.BitLen == 128 {
+		out.Netmask = 128
+	}
+	if s.Persistent {
+		out.Flags, out.Timeout = 1, s.Timeout // IP_VS_SVC_F_PERSISTENT
+	}
+	return out
+}
+
+// Services lists the family's virtual servers (not firewall-mark ones).
+func (k *Kernel) Services() ([]Service, error) {
+	svcs, err := k.ipvs.GetServices()
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: listing services: %w", err)
+	}
+	out := make([]Service, 0, len(svcs))
+	for _, s := range svcs {
+		if s.AddressFamily != k.af() || s.FWMark != 0 {
+			continue
+		}
+		a, ok := netip.AddrFromSlice(s.Address)
+		if !ok {
+			continue
+		}
+		a = a.Unmap()
+		if k.f.BitLen == 128 {
+			a = netip.AddrFrom16(a.As16())
+		}
+		out = append(out, Service{Key: Key{Addr: a, Proto: uint8(s.Protocol), Port: s.Port},
+			Scheduler: s.SchedName, Persistent: s.Flags&1 != 0, Timeout: s.Timeout})
+	}
+	return out, nil
+}
+
+// AddService creates a virtual server.
+func (k *Kernel) AddService(s Service) error {
+	return wrap("adding", s.Key, k.ipvs.NewService(k.mipvsService(s)))
+}
+
+// UpdateService changes a virtual server's settings.
+func (k *Kernel) UpdateService(s Service) error {
+	return wrap("updating", s.Key, k.ipvs.UpdateService(k.mipvsService(s)))
+}
+
+// DelService deletes a virtual server with its real servers.
+func (k *Kernel) DelService(s Key) error {
+	return wrap("deleting", s, k.ipvs.DelService(k.mipvsService(Service{Key: s})))
+}
+
+func wrap(what string, key Key, err error) error {
+	if err != nil {
+		return fmt.Errorf("ipvs: %s virtual server %s: %w", what, key, err)
+	}
+	return nil
+}
+
+// Dests lists a virtual server's real servers.
+func (k *Kernel) Dests(s Key) ([]Dest, error) {
+	ds, err := k.ipvs.GetDestinations(k.mipvsService(Service{Key: s}))
+	if err != nil {
+		return nil, wrap("listing the real servers of", s, err)
+	}
+	out := make([]Dest, 0, len(ds))
+	for _, d := range ds {
+		a, ok := netip.AddrFromSlice(d.Address)
+		if !ok {
+			continue
+		}
+		a = a.Unmap()
+		if k.f.BitLen == 128 {
+			a = netip.AddrFrom16(a.As16())
+		}
+		out = append(out, Dest{Addr: a, Port: d.Port, Weight: d.Weight,
+			Active: d.ActiveConnections, Inactive: d.InactiveConnections})
+	}
+	return out, nil
+}
+
+func (k *Kernel) mipvsDest(d Dest) *mipvs.Destination {
+	return &mipvs.Destination{Address: net.IP(d.Addr.AsSlice()), Port: d.Port, Weight: d.Weight,
+		ConnectionFlags: mipvs.ConnectionFlagMasq, AddressFamily: k.af()}
+}
+
+// AddDest adds a real server to s.
+func (k *Kernel) AddDest(s Key, d Dest) error {
+	return wrap("adding a real server to", s, k.ipvs.NewDestination(k.mipvsService(Service{Key: s}), k.mipvsDest(d)))
+}
+
+// UpdateDest changes a real server's weight.
+func (k *Kernel) UpdateDest(s Key, d Dest) error {
+	return wrap("updating a real server of", s, k.ipvs.UpdateDestination(k.mipvsService(Service{Key: s}), k.mipvsDest(d)))
+}
+
+// DelDest removes a real server from s.
+func (k *Kernel) DelDest(s Key, d Dest) error {
+	return wrap("deleting a real server of", s, k.ipvs.DelDestination(k.mipvsService(Service{Key: s}), k.mipvsDest(d)))
+}
+
+// link returns the dummy link, creating it when create is set (nil, nil when it
+// does not exist and create is not set).
+func (k *Kernel) link(create bool) (netlink.Link, error) {
+	l, err := k.nl.LinkByName(LinkName)
+	var nf netlink.LinkNotFoundError
+	switch {
+	case err == nil:
+		return l, nil
+	case !errors.As(err, &nf):
+		return nil, fmt.Errorf("link %s: %w", LinkName, err)
+	case !create:
+		return nil, nil
+	}
+	if err := k.nl.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: LinkName}}); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("creating link %s: %w", LinkName, err)
+	}
+	if l, err = k.nl.LinkByName(LinkName); err != nil {
+		return nil, fmt.Errorf("link %s: %w", LinkName, err)
+	}
+	return l, nil
+}
+
+// EnsureLink creates the dummy link unless it exists, and sets it up: IPv6
+// installs local routes only for addresses on a link that is up. A dummy link
+// sends nothing, so being up answers nothing on the network.
+func (k *Kernel) EnsureLink() (created bool, err error) {
+	l, err := k.link(false)
+	if err != nil {
+		return false, err
+	}
+	if l == nil {
+		created = true
+		if l, err = k.link(true); err != nil {
+			return false, err
+		}
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		if err := k.nl.LinkSetUp(l); err != nil {
+			return created, fmt.Errorf("setting %s up: %w", LinkName, err)
+		}
+	}
+	return created, nil
+}
+
+// Addrs lists the family's addresses on the dummy link (none when it is missing).
+func (k *Kernel) Addrs() ([]netip.Addr, error) {
+	l, err := k.link(false)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	as, err := k.nl.AddrList(l, int(k.af()))
+	if err != nil {
+		return nil, fmt.Errorf("addresses of %s: %w", LinkName, err)
+	}
+	out := make([]netip.Addr, 0, len(as))
+	for _, a := range as {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLinkLocalUnicast() {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
+}
+
+func (k *Kernel) nlAddr(a netip.Addr) *netlink.Addr {
+	na := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}}
+	if a.Is6() {
+		na.Flags = unix.IFA_F_NODAD
+	}
+	return na
+}
+
+// AddAddr binds a to the dummy link.
+func (k *Kernel) AddAddr(a netip.Addr) error {
+	l, err := k.link(true)
+	if err != nil {
+		return err
+	}
+	if err := k.nl.AddrAdd(l, k.nlAddr(a)); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("binding %s to %s: %w", a, LinkName, err)
+	}
+	return nil
+}
+
+// DelAddr unbinds a from the dummy link.
+func (k *Kernel) DelAddr(a netip.Addr) error {
+	l, err := k.link(false)
+	if err != nil || l == nil {
+		return err
+	}
+	if err := k.nl.AddrDel(l, k.nlAddr(a)); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		return fmt.Errorf("unbinding %s from %s: %w", a, LinkName, err)
+	}
+	return nil
+}
+
+// DeleteLinkIfEmpty deletes the dummy link when it holds no address of either
+// family (the other family's backend may still use it).
+func (k *Kernel) DeleteLinkIfEmpty() error {
+	l, err := k.link(false)
+	if err != nil || l == nil {
+		return err
+	}
+	as, err := k.nl.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return err
+	}
+	for _, a := range as {
+		if !a.IP.IsLinkLocalUnicast() {
+			return nil
+		}
+	}
+	return k.nl.LinkDel(l)
+}
+
+// EnsureSet creates the ipset unless it exists. typ is a hash type of the
+// family ("hash:ip,port").
+func (k *Kernel) EnsureSet(name, typ string) error {
+	opts := netlink.IpsetCreateOptions{Family: k.f.NFProto, Replace: true}
+	if err := k.nl.IpsetCreate(name, typ, opts); err != nil && !errors.Is(err, nl.IPSetError(nl.IPSET_ERR_EXIST)) {
+		return fmt.Errorf("ipset %s (%s): creating: %w", name, typ, err)
+	}
+	return nil
+}
+
+// DestroySet removes the ipset; a missing one is not an error.
+func (k *Kernel) DestroySet(name string) error {
+	if err := k.nl.IpsetDestroy(name); err != nil && !isMissingSet(err) {
+		return fmt.Errorf("ipset %s: destroying: %w", name, err)
+	}
+	return nil
+}
+
+func isMissingSet(err error) bool {
+	return errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "does not exist")
+}
+
+// Sets lists the names of every ipset in the namespace.
+func (k *Kernel) Sets() ([]string, error) {
+	all, err := k.nl.IpsetListAll()
+	if err != nil {
+		return nil, fmt.Errorf("listing ipsets: %w", err)
+	}
+	out := make([]string, 0, len(all))
+	for _, s := range all {
+		out = append(out, s.SetName)
+	}
+	return out, nil
+}
+
+// Entries lists an ipset's members (nil when the set is missing).
+func (k *Kernel) Entries(name string) ([]Entry, bool, error) {
+	r, err := k.nl.IpsetList(name)
+	if err != nil {
+		if isMissingSet(err) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("ipset %s: listing: %w", name, err)
+	}
+	out := make([]Entry, 0, len(r.Entries))
+	for _, e := range r.Entries {
+		var x Entry
+		if ip, ok := netip.AddrFromSlice(e.IP); ok && e.IP != nil {
+			x.IP = k.norm(ip)
+		}
+		if e.Port != nil {
+			x.Port = *e.Port
+			if e.Protocol != nil {
+				x.Proto = *e.Protocol
+			}
+		}
+		if ip, ok := netip.AddrFromSlice(e.IP2); ok && e.IP2 != nil {
+			x.IP2 = k.norm(ip)
+			if e.CIDR2 != 0 && int(e.CIDR2) != x.IP2.BitLen() {
+				x.CIDR2 = e.CIDR2
+			}
+		}
+		out = append(out, x)
+	}
+	return out, true, nil
+}
+
+func (k *Kernel) norm(a netip.Addr) netip.Addr {
+	a = a.Unmap()
+	if k.f.BitLen == 128 && a.Is4() {
+		return netip.AddrFrom16(a.As16())
+	}
+	return a
+}
+
+func (k *Kernel) nlEntry(e Entry) *netlink.IPSetEntry {
+	out := &netlink.IPSetEntry{}
+	if e.IP.IsValid() {
+		out.IP = net.IP(e.IP.AsSlice())
+	}
+	if e.Port != 0 || e.Proto != 0 {
+		port, proto := e.Port, e.Proto
+		out.Port, out.Protocol = &port, &proto
+		if proto == 0 {
+			tcp := uint8(unix.IPPROTO_TCP)
+			out.Protocol = &tcp
+		}
+	}
+	if e.IP2.IsValid() {
+		out.IP2 = net.IP(e.IP2.AsSlice())
+		out.CIDR2 = e.CIDR2
+	}
+	return out
+}
+
+// AddEntry adds e to the ipset (an existing member is not an error).
+func (k *Kernel) AddEntry(set string, e Entry) error {
+	x := k.nlEntry(e)
+	x.Replace = true
+	if err := k.nl.IpsetAdd(set, x); err != nil {
+		return fmt.Errorf("ipset %s: adding %+v: %w", set, e, err)
+	}
+	return nil
+}
+
+// DelEntry removes e from the ipset (a missing member is not an error).
+func (k *Kernel) DelEntry(set string, e Entry) error {
+	x := k.nlEntry(e)
+	x.Replace = true
+	if err := k.nl.IpsetDel(set, x); err != nil && !errors.Is(err, nl.IPSetError(nl.IPSET_ERR_EXIST)) {
+		return fmt.Errorf("ipset %s: deleting %+v: %w", set, e, err)
+	}
+	return nil
+}
+
+// SetSysctl writes value to /proc/sys/<name> (slashes) in the caller's
+// namespace; IPVS's own settings live under net/ipv4/vs for both families.
+func SetSysctl(name, value string) error {
+	p := filepath.Join("/proc/sys", name)
+	if cur, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(cur)) == value {
+		return nil
+	}
+	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", name, value, err)
+	}
+	return nil
+}

@@ -1,0 +1,641 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
+	"github.com/dsproxy/dsproxy/pkg/ipvs"
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+)
+
+// Kernel is the IPVS, dummy-link and ipset side of the kernel (*ipvs.Kernel).
+type Kernel interface {
+	Services() ([]ipvs.Service, error)
+	AddService(ipvs.Service) error
+	UpdateService(ipvs.Service) error
+	DelService(ipvs.Key) error
+	Dests(ipvs.Key) ([]ipvs.Dest, error)
+	AddDest(ipvs.Key, ipvs.Dest) error
+	UpdateDest(ipvs.Key, ipvs.Dest) error
+	DelDest(ipvs.Key, ipvs.Dest) error
+	EnsureLink() (bool, error)
+	Addrs() ([]netip.Addr, error)
+	AddAddr(netip.Addr) error
+	DelAddr(netip.Addr) error
+	DeleteLinkIfEmpty() error
+	EnsureSet(name, typ string) error
+	DestroySet(name string) error
+	Entries(name string) ([]ipvs.Entry, bool, error)
+	AddEntry(set string, e ipvs.Entry) error
+	DelEntry(set string, e ipvs.Entry) error
+}
+
+var _ Kernel = (*ipvs.Kernel)(nil)
+
+// Runner runs the family's iptables (*iptables.Runner).
+type Runner interface {
+	Restore(ctx context.Context, data []byte) error
+	Save(ctx context.Context, table string) (string, error)
+	EnsureRule(table, chain string, rule ...string) (bool, error)
+	HasRandomFully() bool
+}
+
+// Options are the IPVS-mode settings (kube-proxy's ipvs section).
+type Options struct {
+	// Scheduler is the IPVS scheduler ("rr" when empty).
+	Scheduler string
+	// ExcludeCIDRs are addresses whose virtual servers dsproxy never deletes
+	// (kube-proxy's --ipvs-exclude-cidrs); every other virtual server of the
+	// family is dsproxy's, as it is kube-proxy's.
+	ExcludeCIDRs []netip.Prefix
+	// MasqueradeBit is the packet mark bit that asks for SNAT (default 14 when 0
+	// is not meant: the caller passes kube-proxy's value).
+	MasqueradeBit int
+	// StrictARP sets arp_ignore=1 and arp_announce=2 so the node does not answer
+	// ARP for the addresses on the dummy link (kube-proxy's --ipvs-strict-arp).
+	StrictARP bool
+	// Sysctl writes a sysctl ("net/ipv4/vs/conntrack", "1"); ipvs.SetSysctl when nil.
+	Sysctl func(name, value string) error
+}
+
+// Backend implements proxier.Backend with IPVS for one family: a virtual server
+// per Service address and port (ClusterIP, ExternalIPs, LoadBalancer VIPs, and
+// NodePorts on each NodePort address), the Service addresses bound to a dummy
+// link so the node accepts them, and a fixed set of iptables rules over ipsets
+// for what IPVS does not do: masquerading, source ranges, rejecting.
+type Backend struct {
+	f    *family.Family
+	k    Kernel
+	r    Runner
+	opts Options
+
+	written map[model.ServicePortName]*objs // zero name: the node's members
+	vsOwn   map[ipvs.Key]int
+	vsWant  map[ipvs.Key]*virtual
+	members map[member]int
+	addrs   map[netip.Addr]int
+	// have is what the backend believes the kernel holds; exact while synced.
+	have     map[ipvs.Key]*virtual
+	draining map[ipvs.Key]map[ipvs.Dest]bool
+	node     *proxier.NodeConfig
+	synced   bool
+}
+
+var _ proxier.FlushDetector = (*Backend)(nil)
+
+// New returns the IPVS backend for f.
+func New(f *family.Family, k Kernel, r Runner, opts Options) *Backend {
+	if opts.Scheduler == "" {
+		opts.Scheduler = "rr"
+	}
+	if opts.Sysctl == nil {
+		opts.Sysctl = ipvs.SetSysctl
+	}
+	b := &Backend{f: f, k: k, r: r, opts: opts}
+	b.reset()
+	return b
+}
+
+func (b *Backend) reset() {
+	b.written, b.vsOwn, b.vsWant = map[model.ServicePortName]*objs{}, map[ipvs.Key]int{}, map[ipvs.Key]*virtual{}
+	b.members, b.addrs, b.have = map[member]int{}, map[netip.Addr]int{}, map[ipvs.Key]*virtual{}
+	b.draining = map[ipvs.Key]map[ipvs.Dest]bool{}
+	b.synced = false
+}
+
+// account adds (n = 1) or removes (n = -1) o's contributions, noting the virtual
+// servers, members and addresses whose presence may have changed.
+func (b *Backend) account(o *objs, n int, vs map[ipvs.Key]bool, ms map[member]bool, as map[netip.Addr]bool) {
+	if o == nil {
+		return
+	}
+	for i := range o.vs {
+		v := &o.vs[i]
+		k := v.svc.Key
+		b.vsOwn[k] += n
+		switch {
+		case b.vsOwn[k] <= 0:
+			delete(b.vsOwn, k)
+			delete(b.vsWant, k)
+		case n > 0:
+			b.vsWant[k] = v
+		}
+		vs[k] = true
+	}
+	for _, m := range o.members {
+		b.members[m] += n
+		if b.members[m] <= 0 {
+			delete(b.members, m)
+		}
+		ms[m] = true
+	}
+	for _, a := range o.addrs {
+		b.addrs[a] += n
+		if b.addrs[a] <= 0 {
+			delete(b.addrs, a)
+		}
+		as[a] = true
+	}
+}
+
+// Sync implements proxier.Backend.
+func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.SyncResult, error) {
+	var res proxier.SyncResult
+	full := req.Full || !b.synced || (req.NodeChanged && !b.onlyReservedChanged(req.Node))
+	if full {
+		err := b.fullSync(ctx, req, &res)
+		if err != nil {
+			b.synced = false
+		}
+		return res, err
+	}
+	vs, ms, as := map[ipvs.Key]bool{}, map[member]bool{}, map[netip.Addr]bool{}
+	changed := req.Changed
+	if req.NodeChanged {
+		changed = append(slices.Clip(changed), model.ServicePortName{})
+		b.node = req.Node
+	}
+	for _, name := range changed {
+		b.account(b.written[name], -1, vs, ms, as)
+		o := b.renderName(req, name)
+		b.account(o, 1, vs, ms, as)
+		if o == nil {
+			delete(b.written, name)
+		} else {
+			b.written[name] = o
+		}
+	}
+	err := b.apply(&res, vs, ms, as)
+	b.pruneDrained(&res)
+	if err != nil {
+		b.synced = false
+	}
+	return res, err
+}
+
+func (b *Backend) renderName(req *proxier.SyncRequest, name model.ServicePortName) *objs {
+	if name == (model.ServicePortName{}) {
+		return renderNode(req.Node)
+	}
+	if ps := req.State.Ports[name]; ps != nil {
+		return render(ps, req.Node, b.opts.Scheduler)
+	}
+	return nil
+}
+
+// onlyReservedChanged reports whether node differs from the last synced one in
+// the other family's reserved NodePorts only: those are members of their own.
+func (b *Backend) onlyReservedChanged(node *proxier.NodeConfig) bool {
+	if b.node == nil || node == nil {
+		return false
+	}
+	c := *node
+	c.ReservedNodePorts = b.node.ReservedNodePorts
+	return c.Equal(b.node)
+}
+
+// apply makes the kernel match the wanted state for the given virtual servers,
+// members and addresses, in an order that keeps traffic flowing: addresses and
+// members come before the virtual servers that need them and go after.
+func (b *Backend) apply(res *proxier.SyncResult, vs map[ipvs.Key]bool, ms map[member]bool, as map[netip.Addr]bool) error {
+	var errs []error
+	op := func(err error) {
+		res.Operations++
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	ipsSet := setName(b.f, setIPs)
+	for _, a := range sortedAddrs(as) {
+		if b.addrs[a] > 0 {
+			op(b.k.AddAddr(a))
+			op(b.k.AddEntry(ipsSet, ipvs.Entry{IP: a}))
+		}
+	}
+	for m := range ms {
+		if b.members[m] > 0 {
+			op(b.k.AddEntry(setName(b.f, m.set), m.e))
+		}
+	}
+	for k := range vs {
+		errs = append(errs, b.syncVirtual(res, k))
+	}
+	for m := range ms {
+		if b.members[m] == 0 {
+			op(b.k.DelEntry(setName(b.f, m.set), m.e))
+		}
+	}
+	for _, a := range sortedAddrs(as) {
+		if b.addrs[a] == 0 {
+			op(b.k.DelEntry(ipsSet, ipvs.Entry{IP: a}))
+			op(b.k.DelAddr(a))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// exists reports an EEXIST from the kernel: the object was there already.
+func exists(err error) bool {
+	return errors.Is(err, unix.EEXIST) || strings.Contains(err.Error(), "file exists")
+}
+
+func sortedAddrs(as map[netip.Addr]bool) []netip.Addr {
+	return slices.SortedFunc(maps.Keys(as), netip.Addr.Compare)
+}
+
+// syncVirtual makes virtual server k what the backend wants, from what it
+// believes the kernel has.
+func (b *Backend) syncVirtual(res *proxier.SyncResult, k ipvs.Key) error {
+	want, have := b.vsWant[k], b.have[k]
+	switch {
+	case want == nil && have == nil:
+		return nil
+	case want == nil:
+		res.Operations++
+		delete(b.have, k)
+		delete(b.draining, k)
+		return b.k.DelService(k)
+	case have == nil:
+		res.Operations++
+		if err := b.k.AddService(want.svc); err != nil && !exists(err) {
+			return err
+		}
+		have = &virtual{svc: want.svc}
+		b.have[k] = have
+	case have.svc != want.svc:
+		res.Operations++
+		if err := b.k.UpdateService(want.svc); err != nil {
+			return err
+		}
+		have.svc = want.svc
+	}
+	return b.syncDests(res, k, want.dests, have)
+}
+
+// syncDests adds, reweights and removes real servers. A removed TCP or SCTP
+// real server with connections is drained as kube-proxy does: weight 0, so it
+// gets no new connection, and deleted once its connections are gone.
+func (b *Backend) syncDests(res *proxier.SyncResult, k ipvs.Key, want []ipvs.Dest, have *virtual) error {
+	var errs []error
+	var counts map[netip.AddrPort]ipvs.Dest
+	out := make([]ipvs.Dest, 0, len(want))
+	i, j := 0, 0
+	for i < len(want) || j < len(have.dests) {
+		var c int
+		switch {
+		case i == len(want):
+			c = 1
+		case j == len(have.dests):
+			c = -1
+		default:
+			c = cmpDest(want[i], have.dests[j])
+		}
+		switch {
+		case c < 0:
+			res.Operations++
+			err := b.k.AddDest(k, want[i])
+			if err != nil && exists(err) {
+				err = b.k.UpdateDest(k, want[i])
+			}
+			if err != nil {
+				errs = append(errs, err)
+			} else {
+				out = append(out, want[i])
+			}
+			b.undrain(k, want[i])
+			i++
+		case c > 0:
+			d := have.dests[j]
+			j++
+			if k.Proto != 17 && d.Weight != 0 {
+				if counts == nil {
+					counts = b.destCounts(k)
+				}
+				if c := counts[netip.AddrPortFrom(d.Addr, d.Port)]; c.Active+c.Inactive > 0 {
+					res.Operations++
+					d.Weight = 0
+					if err := b.k.UpdateDest(k, d); err != nil {
+						errs = append(errs, err)
+						continue
+					}
+					if b.draining[k] == nil {
+						b.draining[k] = map[ipvs.Dest]bool{}
+					}
+					b.draining[k][ipvs.Dest{Addr: d.Addr, Port: d.Port}] = true
+					out = append(out, d)
+					continue
+				}
+			}
+			if b.draining[k][ipvs.Dest{Addr: d.Addr, Port: d.Port}] {
+				out = append(out, d) // pruneDrained deletes it
+				continue
+			}
+			res.Operations++
+			if err := b.k.DelDest(k, d); err != nil {
+				errs = append(errs, err)
+				out = append(out, d)
+			}
+		default:
+			if want[i].Weight != have.dests[j].Weight {
+				res.Operations++
+				if err := b.k.UpdateDest(k, want[i]); err != nil {
+					errs = append(errs, err)
+					out = append(out, have.dests[j])
+					i, j = i+1, j+1
+					continue
+				}
+				b.undrain(k, want[i])
+			}
+			out = append(out, want[i])
+			i, j = i+1, j+1
+		}
+	}
+	have.dests = out
+	return errors.Join(errs...)
+}
+
+func (b *Backend) undrain(k ipvs.Key, d ipvs.Dest) {
+	if m := b.draining[k]; m != nil {
+		delete(m, ipvs.Dest{Addr: d.Addr, Port: d.Port})
+		if len(m) == 0 {
+			delete(b.draining, k)
+		}
+	}
+}
+
+func (b *Backend) destCounts(k ipvs.Key) map[netip.AddrPort]ipvs.Dest {
+	ds, err := b.k.Dests(k)
+	if err != nil {
+		return nil
+	}
+	out := make(map[netip.AddrPort]ipvs.Dest, len(ds))
+	for _, d := range ds {
+		out[netip.AddrPortFrom(d.Addr, d.Port)] = d
+	}
+	return out
+}
+
+// pruneDrained deletes drained real servers that have no connection left.
+func (b *Backend) pruneDrained(res *proxier.SyncResult) {
+	for k, ds := range b.draining {
+		counts := b.destCounts(k)
+		for d := range ds {
+			c, ok := counts[netip.AddrPortFrom(d.Addr, d.Port)]
+			if ok && c.Active+c.Inactive > 0 {
+				continue
+			}
+			delete(ds, d)
+			if ok {
+				res.Operations++
+				if err := b.k.DelDest(k, c); err != nil {
+					klog.ErrorS(err, "Deleting a drained IPVS real server", "ipFamily", b.f.Name, "service", k.String())
+					continue
+				}
+			}
+			if h := b.have[k]; h != nil {
+				h.dests = slices.DeleteFunc(h.dests, func(x ipvs.Dest) bool { return x.Addr == d.Addr && x.Port == d.Port })
+			}
+		}
+		if len(ds) == 0 {
+			delete(b.draining, k)
+		}
+	}
+}
+
+// Flushed implements proxier.FlushDetector: the dummy link or an ipset gone
+// means someone removed dsproxy's state. It also deletes drained real servers
+// whose connections ended, since it runs on every periodic check.
+func (b *Backend) Flushed(ctx context.Context) bool {
+	if !b.synced {
+		return false
+	}
+	var res proxier.SyncResult
+	b.pruneDrained(&res)
+	for s := range numSets {
+		if _, ok, err := b.k.Entries(setName(b.f, s)); err == nil && !ok {
+			return true
+		}
+	}
+	if len(b.addrs) > 0 {
+		if as, err := b.k.Addrs(); err == nil && len(as) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// fullSync rebuilds the wanted state, reads the kernel's, and repairs every
+// difference; differences from what the backend believed are counted as repairs.
+func (b *Backend) fullSync(ctx context.Context, req *proxier.SyncRequest, res *proxier.SyncResult) error {
+	wasSynced, belief, draining := b.synced, b.have, b.draining
+	oldMembers, oldAddrs := b.members, b.addrs
+	b.reset()
+	b.draining = draining
+	b.node = req.Node
+	vs, ms, as := map[ipvs.Key]bool{}, map[member]bool{}, map[netip.Addr]bool{}
+	for name := range req.State.Ports {
+		if o := b.renderName(req, name); o != nil {
+			b.written[name] = o
+			b.account(o, 1, vs, ms, as)
+		}
+	}
+	node := renderNode(req.Node)
+	b.written[model.ServicePortName{}] = node
+	b.account(node, 1, vs, ms, as)
+	if err := b.setup(ctx, req.Node, res); err != nil {
+		return err
+	}
+	// The kernel's virtual servers with their real servers.
+	svcs, err := b.k.Services()
+	if err != nil {
+		return err
+	}
+	kernel := make(map[ipvs.Key]*virtual, len(svcs))
+	for _, s := range svcs {
+		if b.excluded(s.Addr) {
+			continue
+		}
+		ds, err := b.k.Dests(s.Key)
+		if err != nil {
+			return err
+		}
+		v := &virtual{svc: s}
+		for _, d := range ds {
+			v.dests = append(v.dests, ipvs.Dest{Addr: d.Addr, Port: d.Port, Weight: d.Weight})
+		}
+		slices.SortFunc(v.dests, cmpDest)
+		kernel[s.Key] = v
+		vs[s.Key] = true
+	}
+	if wasSynced {
+		res.Repairs += countVSDiff(belief, kernel)
+	}
+	b.have = kernel
+	// Members: every set's kernel entries against the wanted ones; the
+	// addresses, bound to the link and members of setIPs, go together.
+	kmem := map[member]bool{}
+	for s := range numSets {
+		entries, _, err := b.k.Entries(setName(b.f, s))
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			kmem[member{s, e}] = true
+		}
+	}
+	addrs, err := b.k.Addrs()
+	if err != nil {
+		return err
+	}
+	bound := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		bound[a] = true
+		as[a] = true
+	}
+	for m := range kmem {
+		if m.set == setIPs {
+			as[m.e.IP] = true
+		} else {
+			ms[m] = true
+		}
+	}
+	for m := range ms {
+		if wasSynced && oldMembers[m] > 0 != kmem[m] {
+			res.Repairs++
+		}
+		if b.members[m] > 0 == kmem[m] {
+			delete(ms, m)
+		}
+	}
+	for a := range as {
+		inIPs := kmem[member{setIPs, ipvs.Entry{IP: a}}]
+		if wasSynced && (oldAddrs[a] > 0 != bound[a] || oldAddrs[a] > 0 != inIPs) {
+			res.Repairs++
+		}
+		if wanted := b.addrs[a] > 0; wanted == bound[a] && wanted == inIPs {
+			delete(as, a)
+		}
+	}
+	err = b.apply(res, vs, ms, as)
+	b.pruneDrained(res)
+	if err != nil {
+		return err
+	}
+	b.synced = true
+	return nil
+}
+
+// countVSDiff counts the virtual servers whose kernel state differs from belief.
+func countVSDiff(belief, kernel map[ipvs.Key]*virtual) int {
+	n := 0
+	for k, v := range belief {
+		kv := kernel[k]
+		if kv == nil || kv.svc != v.svc || !slices.Equal(kv.dests, v.dests) {
+			n++
+		}
+	}
+	for k := range kernel {
+		if belief[k] == nil {
+			n++
+		}
+	}
+	return n
+}
+
+func (b *Backend) excluded(a netip.Addr) bool {
+	for _, p := range b.opts.ExcludeCIDRs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// setup creates the dummy link and the ipsets, sets IPVS's sysctls, and writes
+// the iptables rules with the jumps to them.
+func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *proxier.SyncResult) error {
+	if _, err := b.k.EnsureLink(); err != nil {
+		return err
+	}
+	for s := range numSets {
+		if err := b.k.EnsureSet(setName(b.f, s), setDefs[s].typ); err != nil {
+			return err
+		}
+	}
+	sysctls := [][2]string{
+		// IPVS keeps conntrack entries, so the nat table can masquerade.
+		{"net/ipv4/vs/conntrack", "1"},
+		// Connections to a deleted real server are dropped at their next packet
+		// rather than hanging; templates of a drained one expire.
+		{"net/ipv4/vs/expire_nodest_conn", "1"},
+		{"net/ipv4/vs/expire_quiescent_template", "1"},
+	}
+	if b.opts.StrictARP && b.f.BitLen == 32 {
+		sysctls = append(sysctls, [2]string{"net/ipv4/conf/all/arp_ignore", "1"}, [2]string{"net/ipv4/conf/all/arp_announce", "2"})
+	}
+	for _, s := range sysctls {
+		if err := b.opts.Sysctl(s[0], s[1]); err != nil {
+			return err
+		}
+	}
+	if err := b.r.Restore(ctx, []byte(ruleset(node, b.opts.MasqueradeBit, b.r.HasRandomFully()))); err != nil {
+		res.RestoreFailed = true
+		return err
+	}
+	res.Transactions++
+	for _, j := range jumps {
+		added, err := b.r.EnsureRule(j[0], j[1], "-m", "comment", "--comment", "dsproxy ipvs", "-j", j[2])
+		if err != nil {
+			return err
+		}
+		if added && b.synced {
+			res.Repairs++
+		}
+	}
+	return nil
+}
+
+// Cleanup implements proxier.Backend: it removes the family's virtual servers
+// (but those in ExcludeCIDRs), its addresses on the dummy link (and the link
+// when no family uses it), its ipsets and its iptables chains.
+func (b *Backend) Cleanup(ctx context.Context) error {
+	b.reset()
+	var errs []error
+	save, err := b.r.Save(ctx, "")
+	if err != nil {
+		errs = append(errs, err)
+	} else if undo := ipt.Undo(save, Prefix); undo != "" {
+		errs = append(errs, b.r.Restore(ctx, []byte(undo)))
+	}
+	svcs, err := b.k.Services()
+	errs = append(errs, err)
+	for _, s := range svcs {
+		if !b.excluded(s.Addr) {
+			errs = append(errs, b.k.DelService(s.Key))
+		}
+	}
+	addrs, err := b.k.Addrs()
+	errs = append(errs, err)
+	for _, a := range addrs {
+		errs = append(errs, b.k.DelAddr(a))
+	}
+	errs = append(errs, b.k.DeleteLinkIfEmpty())
+	for s := range numSets {
+		errs = append(errs, b.k.DestroySet(setName(b.f, s)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%s: ipvs mode cleanup: %w", b.f, err)
+	}
+	return nil
+}
