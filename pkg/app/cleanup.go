@@ -11,8 +11,10 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
+	"github.com/dsproxy/dsproxy/pkg/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/proxier/iptables"
+	ipvsbackend "github.com/dsproxy/dsproxy/pkg/proxier/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
 )
 
@@ -20,8 +22,9 @@ import (
 // ip6 families.
 const KubeProxyTable = "kube-proxy"
 
-// Cleanup removes everything dsproxy created in both families and both of its
-// modes (its nftables tables, its DSPROXY- iptables chains), and with kubeProxy
+// Cleanup removes everything dsproxy created in both families and all of its
+// modes (its nftables tables, its DSPROXY- iptables chains, its IPVS mode's
+// virtual servers, dsproxy-ipvs0, ipsets and DSIPVS- chains), and with kubeProxy
 // also kube-proxy's state from either of its modes: its nftables tables and its
 // iptables KUBE- chains and the rules jumping to them. Missing state is not an
 // error.
@@ -37,6 +40,9 @@ func Cleanup(ctx context.Context, kubeProxy bool) error {
 			errs = append(errs, fmt.Errorf("%s: %w", f, err))
 		}
 		if err := cleanupIPTablesMode(ctx, f); err != nil {
+			errs = append(errs, err)
+		}
+		if err := cleanupIPVSMode(ctx, f); err != nil {
 			errs = append(errs, err)
 		}
 		if kubeProxy {
@@ -61,6 +67,65 @@ func Cleanup(ctx context.Context, kubeProxy bool) error {
 // ones, or those of the plain iptables binaries where neither is installed by
 // name). A flavour without binaries has none; that is not an error.
 func cleanupIPTablesMode(ctx context.Context, f *family.Family, flavors ...ipt.Flavor) error {
+	return forFlavors(f, flavors, func(r *ipt.Runner) error {
+		b, err := iptables.New(f, r, iptables.Options{})
+		if err != nil {
+			return err
+		}
+		return b.Cleanup(ctx)
+	})
+}
+
+// cleanupIPVSChains removes only the DSIPVS- chains of f's IPVS mode from the
+// given flavours' tables (as cleanupIPTablesMode), leaving IPVS itself alone.
+func cleanupIPVSChains(ctx context.Context, f *family.Family, flavors ...ipt.Flavor) error {
+	return forFlavors(f, flavors, func(r *ipt.Runner) error {
+		save, err := r.Save(ctx, "")
+		if err != nil {
+			return err
+		}
+		if undo := ipt.Undo(save, ipvsbackend.Prefix); undo != "" {
+			return r.Restore(ctx, []byte(undo))
+		}
+		return nil
+	})
+}
+
+// cleanupIPVSMode removes everything of f's IPVS mode: its virtual servers,
+// its addresses on dsproxy-ipvs0 (and the link once no family has any), its
+// ipsets, and its DSIPVS- chains in every flavour's tables. It loads neither
+// IPVS nor ipset where they are not loaded (then nothing of them can be left).
+func cleanupIPVSMode(ctx context.Context, f *family.Family) error {
+	k, err := ipvs.Open(f, "", false)
+	if err != nil {
+		return fmt.Errorf("%s: ipvs mode: %w", f, err)
+	}
+	defer k.Close()
+	ran := false
+	err = forFlavors(f, nil, func(r *ipt.Runner) error {
+		ran = true
+		return ipvsbackend.New(f, k, r, ipvsbackend.Options{}).Cleanup(ctx)
+	})
+	if !ran {
+		err = ipvsbackend.New(f, k, noIPTables{}, ipvsbackend.Options{}).Cleanup(ctx)
+	}
+	return err
+}
+
+// noIPTables is the iptables of a node that has none: nothing to save or restore.
+type noIPTables struct{}
+
+func (noIPTables) Restore(context.Context, []byte) error        { return errors.New("no iptables binaries") }
+func (noIPTables) Save(context.Context, string) (string, error) { return "", nil }
+func (noIPTables) EnsureRule(string, string, ...string) (bool, error) {
+	return false, errors.New("no iptables binaries")
+}
+func (noIPTables) HasRandomFully() bool { return false }
+
+// forFlavors runs fn with f's runner of each flavour in flavors (none: the
+// nf_tables-backed and the legacy ones, or the plain iptables binaries where
+// neither is installed by name), skipping flavours without binaries.
+func forFlavors(f *family.Family, flavors []ipt.Flavor, fn func(r *ipt.Runner) error) error {
 	all := len(flavors) == 0
 	if all {
 		flavors = []ipt.Flavor{ipt.FlavorNFT, ipt.FlavorLegacy, ipt.FlavorDefault}
@@ -77,44 +142,52 @@ func cleanupIPTablesMode(ctx context.Context, f *family.Family, flavors ...ipt.F
 			continue
 		}
 		found = true
-		b, err := iptables.New(f, r, iptables.Options{})
-		if err != nil {
-			return err
-		}
-		if err := b.Cleanup(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("%s: iptables mode (%s): %w", f, cmp.Or(string(fl), "default"), err))
+		if err := fn(r); err != nil {
+			errs = append(errs, fmt.Errorf("%s: iptables (%s): %w", f, cmp.Or(string(fl), "default"), err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// cleanupOtherMode removes, in every family, what dsproxy's other mode left in the
-// kernel: the DSPROXY- iptables chains when mode is nftables; in iptables mode
-// the dsproxy nftables tables, and the DSPROXY- chains of the iptables flavour
-// not in use (inUse, resolved to nft or legacy; nothing when it is unknown), which
-// a restart that detected the other flavour leaves hooked. kube-proxy's
-// platformCleanup does the same for its own modes as it starts; the daemon does
-// it once every family it proxies has been programmed, so that the old rules
-// serve new connections until the new ones do. Connections they translated keep
-// their conntrack entries. k is the nftables connection to use.
+// cleanupOtherMode removes, in every family, what dsproxy's other modes left in
+// the kernel: in nftables mode the DSPROXY- iptables chains and everything of
+// the IPVS mode; in iptables mode the dsproxy nftables tables, the IPVS mode's
+// state, and the DSPROXY- chains of the iptables flavour not in use (inUse,
+// resolved to nft or legacy; nothing when it is unknown), which a restart that
+// detected the other flavour leaves hooked; in IPVS mode the nftables tables,
+// the iptables mode's chains, and the DSIPVS- chains of the other flavour.
+// kube-proxy's platformCleanup does the same for its own modes as it starts; the
+// daemon does it once every family it proxies has been programmed, so that the
+// old rules serve new connections until the new ones do. Connections they
+// translated keep their conntrack entries. k is the nftables connection to use.
 func cleanupOtherMode(ctx context.Context, mode config.ProxyMode, inUse ipt.Flavor, k nft.Kernel) error {
 	var errs []error
-	switch mode {
-	case config.ModeIPTables:
-		for _, f := range family.All {
+	other := ipt.Flavor("")
+	switch inUse {
+	case ipt.FlavorNFT:
+		other = ipt.FlavorLegacy
+	case ipt.FlavorLegacy:
+		other = ipt.FlavorNFT
+	}
+	for _, f := range family.All {
+		if mode != config.ModeNFTables {
 			if err := nftables.New(f, k, nftables.Options{}).Cleanup(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("%s: nftables mode: %w", f, err))
 			}
-			switch inUse {
-			case ipt.FlavorNFT:
-				errs = append(errs, cleanupIPTablesMode(ctx, f, ipt.FlavorLegacy))
-			case ipt.FlavorLegacy:
-				errs = append(errs, cleanupIPTablesMode(ctx, f, ipt.FlavorNFT))
-			}
 		}
-	case config.ModeNFTables:
-		for _, f := range family.All {
+		switch mode {
+		case config.ModeIPTables:
+			if other != "" {
+				errs = append(errs, cleanupIPTablesMode(ctx, f, other))
+			}
+			errs = append(errs, cleanupIPVSMode(ctx, f))
+		case config.ModeNFTables:
+			errs = append(errs, cleanupIPTablesMode(ctx, f), cleanupIPVSMode(ctx, f))
+		case config.ModeIPVS:
 			errs = append(errs, cleanupIPTablesMode(ctx, f))
+			if other != "" {
+				errs = append(errs, cleanupIPVSChains(ctx, f, other))
+			}
 		}
 	}
 	return errors.Join(errs...)

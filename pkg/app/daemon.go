@@ -21,6 +21,7 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/healthcheck"
 	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
+	"github.com/dsproxy/dsproxy/pkg/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/kubeclient"
 	"github.com/dsproxy/dsproxy/pkg/metaproxier"
 	"github.com/dsproxy/dsproxy/pkg/metrics"
@@ -30,6 +31,7 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 	"github.com/dsproxy/dsproxy/pkg/proxier/iptables"
+	ipvsbackend "github.com/dsproxy/dsproxy/pkg/proxier/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
 	"github.com/dsproxy/dsproxy/pkg/runner"
 	"github.com/dsproxy/dsproxy/pkg/watch"
@@ -45,6 +47,7 @@ type Daemon struct {
 	registry *nodeport.Registry
 	proxiers map[*family.Family]*proxier.Proxier
 	kernels  []*nft.Netlink
+	closers  []func()
 	// iptFlavor is the iptables flavour (nft or legacy) the node uses, detected
 	// once in iptables mode.
 	iptFlavor   ipt.Flavor
@@ -62,8 +65,10 @@ type Daemon struct {
 // New assembles the daemon: it reads the Node for node IPs and decides which
 // families run, and opens a netlink connection per family. It programs nothing.
 func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*Daemon, error) {
-	if cfg.ProxyMode != config.ModeNFTables && cfg.ProxyMode != config.ModeIPTables {
-		return nil, fmt.Errorf("--proxy-mode %q: dsproxy implements %q and %q so far", cfg.ProxyMode, config.ModeNFTables, config.ModeIPTables)
+	switch cfg.ProxyMode {
+	case config.ModeNFTables, config.ModeIPTables, config.ModeIPVS:
+	default:
+		return nil, fmt.Errorf("--proxy-mode %q: want %q, %q or %q", cfg.ProxyMode, config.ModeNFTables, config.ModeIPTables, config.ModeIPVS)
 	}
 	name, err := NodeName(cfg)
 	if err != nil {
@@ -132,18 +137,62 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 	return d, nil
 }
 
+// iptablesRunner returns the family's iptables runner (iptables and ipvs
+// modes), of the flavour detected once for both families.
+func (d *Daemon) iptablesRunner(f *family.Family) (*ipt.Runner, error) {
+	if !d.iptDetected {
+		var why string
+		d.iptFlavor, why = ipt.Detect(context.Background(), nil)
+		d.iptDetected = true
+		klog.InfoS("iptables flavour", "flavour", cmp.Or(string(d.iptFlavor), "the iptables on PATH"), "because", why)
+	}
+	r, err := ipt.New(f, d.iptFlavor)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s mode: %w", f, d.cfg.ProxyMode, err)
+	}
+	return r, nil
+}
+
+// newIPVSBackend returns the family's IPVS-mode backend, with IPVS's timeouts
+// set (they are the namespace's, so the second family sets them again).
+func (d *Daemon) newIPVSBackend(f *family.Family) (proxier.Backend, error) {
+	var exclude []netip.Prefix
+	for _, c := range d.cfg.IPVS.ExcludeCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("--ipvs-exclude-cidrs: %w", err)
+		}
+		exclude = append(exclude, p.Masked())
+	}
+	r, err := d.iptablesRunner(f)
+	if err != nil {
+		return nil, err
+	}
+	k, err := ipvs.Open(f, "", true)
+	if err != nil {
+		return nil, fmt.Errorf("%s: ipvs mode: %w", f, err)
+	}
+	d.closers = append(d.closers, k.Close)
+	if err := k.SetTimeouts(d.cfg.IPVS.TCPTimeout, d.cfg.IPVS.TCPFinTimeout, d.cfg.IPVS.UDPTimeout); err != nil {
+		return nil, err
+	}
+	return ipvsbackend.New(f, k, r, ipvsbackend.Options{
+		Scheduler:     d.cfg.IPVS.Scheduler,
+		ExcludeCIDRs:  exclude,
+		MasqueradeBit: int(d.cfg.IPTables.MasqueradeBit),
+		StrictARP:     d.cfg.IPVS.StrictARP,
+	}), nil
+}
+
 // newBackend returns the family's backend for the configured --proxy-mode.
 func (d *Daemon) newBackend(f *family.Family) (proxier.Backend, error) {
+	if d.cfg.ProxyMode == config.ModeIPVS {
+		return d.newIPVSBackend(f)
+	}
 	if d.cfg.ProxyMode == config.ModeIPTables {
-		if !d.iptDetected {
-			var why string
-			d.iptFlavor, why = ipt.Detect(context.Background(), nil)
-			d.iptDetected = true
-			klog.InfoS("iptables flavour", "flavour", cmp.Or(string(d.iptFlavor), "the iptables on PATH"), "because", why)
-		}
-		r, err := ipt.New(f, d.iptFlavor)
+		r, err := d.iptablesRunner(f)
 		if err != nil {
-			return nil, fmt.Errorf("%s: iptables mode: %w", f, err)
+			return nil, err
 		}
 		return iptables.New(f, r, iptables.Options{
 			MasqueradeBit:      int(d.cfg.IPTables.MasqueradeBit),
@@ -163,12 +212,17 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 	if err != nil {
 		return nil, err
 	}
+	var addrs nodeport.AddrLister
+	if d.cfg.ProxyMode == config.ModeIPVS {
+		addrs = ipvs.HostAddrs{} // the Service addresses on dsproxy-ipvs0 are no NodePort addresses
+	}
 	return proxier.New(proxier.Config{
 		Family:        f,
 		NodeName:      d.nodeName,
 		Backend:       b,
 		NodePorts:     d.registry,
 		NodePortSpec:  np,
+		Addrs:         addrs,
 		NodeIP:        ip,
 		Local:         localDetector(d.cfg, f, node),
 		MasqueradeAll: d.cfg.MasqueradeAll,
@@ -233,6 +287,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 func (d *Daemon) Close() {
 	for _, k := range d.kernels {
 		_ = k.Close()
+	}
+	for _, c := range d.closers {
+		c()
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	mipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
@@ -87,32 +88,74 @@ type Kernel struct {
 }
 
 // Open connects to the kernel in the network namespace of nsPath ("" for the
-// caller's).
-func Open(f *family.Family, nsPath string) (*Kernel, error) {
-	h, err := mipvs.New(nsPath)
-	if err != nil {
-		return nil, fmt.Errorf("ipvs: %w (is the ip_vs module loaded?)", err)
-	}
+// caller's). Asking the kernel for IPVS loads the ip_vs module where modprobe
+// can. With needIPVS false a kernel whose IPVS is not loaded is not asked
+// (cleaning up where nothing can be left must not load it): that Kernel lists no
+// virtual servers and fails to create one.
+func Open(f *family.Family, nsPath string, needIPVS bool) (*Kernel, error) {
 	ns := netns.None()
 	if nsPath != "" {
+		var err error
 		if ns, err = netns.GetFromPath(nsPath); err != nil {
-			h.Close()
 			return nil, err
 		}
 		defer ns.Close()
 	}
+	k := &Kernel{f: f}
+	if needIPVS || ipvsLoaded() {
+		h, err := mipvs.New(nsPath)
+		if err != nil {
+			return nil, fmt.Errorf("ipvs: %w (is the ip_vs module loaded?)", err)
+		}
+		k.ipvs = h
+	}
 	nlh, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE, unix.NETLINK_NETFILTER)
 	if err != nil {
-		h.Close()
+		k.Close()
 		return nil, err
 	}
-	return &Kernel{f: f, ipvs: h, nl: nlh}, nil
+	k.nl = nlh
+	return k, nil
 }
+
+// ipvsLoaded reports whether the kernel has IPVS loaded: the module, once
+// loaded, has /proc/net/ip_vs in every namespace.
+func ipvsLoaded() bool {
+	_, err := os.Stat("/proc/net/ip_vs")
+	return err == nil
+}
+
+// IPSetLoaded reports whether the kernel has ipset loaded: listing sets where it
+// is not would load it.
+func IPSetLoaded() bool {
+	_, err := os.Stat("/sys/module/ip_set")
+	return err == nil
+}
+
+var errNoIPVS = errors.New("ipvs: the kernel's IPVS is not loaded")
 
 // Close releases the netlink sockets.
 func (k *Kernel) Close() {
-	k.ipvs.Close()
-	k.nl.Close()
+	if k.ipvs != nil {
+		k.ipvs.Close()
+	}
+	if k.nl != nil {
+		k.nl.Close()
+	}
+}
+
+// SetTimeouts sets IPVS's connection timeouts; a zero one is left as it is.
+func (k *Kernel) SetTimeouts(tcp, tcpFin, udp time.Duration) error {
+	if k.ipvs == nil {
+		return errNoIPVS
+	}
+	if tcp == 0 && tcpFin == 0 && udp == 0 {
+		return nil
+	}
+	if err := k.ipvs.SetConfig(&mipvs.Config{TimeoutTCP: tcp, TimeoutTCPFin: tcpFin, TimeoutUDP: udp}); err != nil {
+		return fmt.Errorf("ipvs: setting timeouts: %w", err)
+	}
+	return nil
 }
 
 func (k *Kernel) af() uint16 { return uint16(k.f.NFProto) }
@@ -133,6 +176,9 @@ func (k *Kernel) mipvsService(s Service) *mipvs.Service {
 
 // Services lists the family's virtual servers (not firewall-mark ones).
 func (k *Kernel) Services() ([]Service, error) {
+	if k.ipvs == nil {
+		return nil, nil
+	}
 	svcs, err := k.ipvs.GetServices()
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: listing services: %w", err)
@@ -158,16 +204,25 @@ func (k *Kernel) Services() ([]Service, error) {
 
 // AddService creates a virtual server.
 func (k *Kernel) AddService(s Service) error {
+	if k.ipvs == nil {
+		return errNoIPVS
+	}
 	return wrap("adding", s.Key, k.ipvs.NewService(k.mipvsService(s)))
 }
 
 // UpdateService changes a virtual server's settings.
 func (k *Kernel) UpdateService(s Service) error {
+	if k.ipvs == nil {
+		return errNoIPVS
+	}
 	return wrap("updating", s.Key, k.ipvs.UpdateService(k.mipvsService(s)))
 }
 
 // DelService deletes a virtual server with its real servers.
 func (k *Kernel) DelService(s Key) error {
+	if k.ipvs == nil {
+		return errNoIPVS
+	}
 	return wrap("deleting", s, k.ipvs.DelService(k.mipvsService(Service{Key: s})))
 }
 
@@ -180,6 +235,9 @@ func wrap(what string, key Key, err error) error {
 
 // Dests lists a virtual server's real servers.
 func (k *Kernel) Dests(s Key) ([]Dest, error) {
+	if k.ipvs == nil {
+		return nil, errNoIPVS
+	}
 	ds, err := k.ipvs.GetDestinations(k.mipvsService(Service{Key: s}))
 	if err != nil {
 		return nil, wrap("listing the real servers of", s, err)
@@ -207,16 +265,25 @@ func (k *Kernel) mipvsDest(d Dest) *mipvs.Destination {
 
 // AddDest adds a real server to s.
 func (k *Kernel) AddDest(s Key, d Dest) error {
+	if k.ipvs == nil {
+		return errNoIPVS
+	}
 	return wrap("adding a real server to", s, k.ipvs.NewDestination(k.mipvsService(Service{Key: s}), k.mipvsDest(d)))
 }
 
 // UpdateDest changes a real server's weight.
 func (k *Kernel) UpdateDest(s Key, d Dest) error {
+	if k.ipvs == nil {
+		return errNoIPVS
+	}
 	return wrap("updating a real server of", s, k.ipvs.UpdateDestination(k.mipvsService(Service{Key: s}), k.mipvsDest(d)))
 }
 
 // DelDest removes a real server from s.
 func (k *Kernel) DelDest(s Key, d Dest) error {
+	if k.ipvs == nil {
+		return errNoIPVS
+	}
 	return wrap("deleting a real server of", s, k.ipvs.DelDestination(k.mipvsService(Service{Key: s}), k.mipvsDest(d)))
 }
 
@@ -460,4 +527,35 @@ func SetSysctl(name, value string) error {
 		return fmt.Errorf("sysctl %s=%s: %w", name, value, err)
 	}
 	return nil
+}
+
+// HostAddrs lists the addresses of the host's interfaces but the dummy link's,
+// for NodePorts (nodeport.AddrLister): Service addresses are not NodePort
+// addresses.
+type HostAddrs struct{}
+
+// InterfaceAddrs implements nodeport.AddrLister.
+func (HostAddrs) InterfaceAddrs() ([]netip.Addr, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, ifc := range ifs {
+		if ifc.Name == LinkName {
+			continue
+		}
+		as, err := ifc.Addrs()
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range as {
+			if n, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok {
+					out = append(out, ip.Unmap())
+				}
+			}
+		}
+	}
+	return out, nil
 }

@@ -272,7 +272,7 @@ func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 		}
 		backend = proxier.Within(pf.ib, func(fn func() error) error { return RunIn(e.c.Node, fn) })
 	case modeIPVS:
-		k, err := ipvs.Open(f, e.c.Node.Path())
+		k, err := ipvs.Open(f, e.c.Node.Path(), true)
 		if err != nil {
 			e.t.Fatalf("%s: %v", f, err)
 		}

@@ -67,6 +67,9 @@ type Options struct {
 	StrictARP bool
 	// Sysctl writes a sysctl ("net/ipv4/vs/conntrack", "1"); ipvs.SetSysctl when nil.
 	Sysctl func(name, value string) error
+	// IPSetLoaded says whether Cleanup may ask for ipsets; ipvs.IPSetLoaded
+	// when nil.
+	IPSetLoaded func() bool
 }
 
 // Backend implements proxier.Backend with IPVS for one family: a virtual server
@@ -101,6 +104,9 @@ func New(f *family.Family, k Kernel, r Runner, opts Options) *Backend {
 	}
 	if opts.Sysctl == nil {
 		opts.Sysctl = ipvs.SetSysctl
+	}
+	if opts.IPSetLoaded == nil {
+		opts.IPSetLoaded = ipvs.IPSetLoaded
 	}
 	b := &Backend{f: f, k: k, r: r, opts: opts}
 	b.reset()
@@ -606,9 +612,11 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 	return nil
 }
 
-// Cleanup implements proxier.Backend: it removes the family's virtual servers
-// (but those in ExcludeCIDRs), its addresses on the dummy link (and the link
-// when no family uses it), its ipsets and its iptables chains.
+// Cleanup implements proxier.Backend: it removes the family's iptables chains,
+// the virtual servers dsproxy made (those on the dummy link's addresses and the
+// NodePorts its ipsets name; never those in ExcludeCIDRs), the family's
+// addresses on the dummy link (and the link when no family uses it), and its
+// ipsets. Where ipset is not loaded no set is asked for, which would load it.
 func (b *Backend) Cleanup(ctx context.Context) error {
 	b.reset()
 	var errs []error
@@ -618,21 +626,38 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	} else if undo := ipt.Undo(save, Prefix); undo != "" {
 		errs = append(errs, b.r.Restore(ctx, []byte(undo)))
 	}
+	ours := map[ipvs.Key]bool{}
+	addrs, err := b.k.Addrs()
+	errs = append(errs, err)
+	bound := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		bound[a] = true
+	}
+	sets := b.opts.IPSetLoaded == nil || b.opts.IPSetLoaded()
+	if sets {
+		for _, s := range []setID{setExternal, setExternalLocal} {
+			entries, _, err := b.k.Entries(setName(b.f, s))
+			errs = append(errs, err)
+			for _, e := range entries {
+				ours[ipvs.Key{Addr: e.IP, Proto: e.Proto, Port: e.Port}] = true
+			}
+		}
+	}
 	svcs, err := b.k.Services()
 	errs = append(errs, err)
 	for _, s := range svcs {
-		if !b.excluded(s.Addr) {
+		if (bound[s.Addr] || ours[s.Key]) && !b.excluded(s.Addr) {
 			errs = append(errs, b.k.DelService(s.Key))
 		}
 	}
-	addrs, err := b.k.Addrs()
-	errs = append(errs, err)
 	for _, a := range addrs {
 		errs = append(errs, b.k.DelAddr(a))
 	}
 	errs = append(errs, b.k.DeleteLinkIfEmpty())
-	for s := range numSets {
-		errs = append(errs, b.k.DestroySet(setName(b.f, s)))
+	if sets {
+		for s := range numSets {
+			errs = append(errs, b.k.DestroySet(setName(b.f, s)))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%s: ipvs mode cleanup: %w", b.f, err)

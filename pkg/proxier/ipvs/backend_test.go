@@ -1,0 +1,602 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/ipvs"
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nodeport"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
+)
+
+// fakeKernel models IPVS, the dummy link and ipsets the way the kernel keeps
+// them: adding what exists, or removing what does not, fails.
+type fakeKernel struct {
+	svcs  map[ipvs.Key]ipvs.Service
+	dests map[ipvs.Key]map[netip.AddrPort]ipvs.Dest
+	link  bool
+	addrs map[netip.Addr]bool
+	sets  map[string]map[ipvs.Entry]bool
+	// conns are connection counts per real server (for draining).
+	conns map[netip.AddrPort]int
+	ops   int
+}
+
+func newFake() *fakeKernel {
+	return &fakeKernel{svcs: map[ipvs.Key]ipvs.Service{}, dests: map[ipvs.Key]map[netip.AddrPort]ipvs.Dest{},
+		addrs: map[netip.Addr]bool{}, sets: map[string]map[ipvs.Entry]bool{}, conns: map[netip.AddrPort]int{}}
+}
+
+var errExist = errors.New("file exists")
+
+func (k *fakeKernel) Services() ([]ipvs.Service, error) {
+	return slices.Collect(maps.Values(k.svcs)), nil
+}
+func (k *fakeKernel) AddService(s ipvs.Service) error {
+	k.ops++
+	if _, ok := k.svcs[s.Key]; ok {
+		return errExist
+	}
+	k.svcs[s.Key] = s
+	k.dests[s.Key] = map[netip.AddrPort]ipvs.Dest{}
+	return nil
+}
+func (k *fakeKernel) UpdateService(s ipvs.Service) error {
+	k.ops++
+	if _, ok := k.svcs[s.Key]; !ok {
+		return fmt.Errorf("update: no service %s", s.Key)
+	}
+	k.svcs[s.Key] = s
+	return nil
+}
+func (k *fakeKernel) DelService(s ipvs.Key) error {
+	k.ops++
+	if _, ok := k.svcs[s]; !ok {
+		return fmt.Errorf("delete: no service %s", s)
+	}
+	delete(k.svcs, s)
+	delete(k.dests, s)
+	return nil
+}
+func (k *fakeKernel) Dests(s ipvs.Key) ([]ipvs.Dest, error) {
+	if _, ok := k.svcs[s]; !ok {
+		return nil, fmt.Errorf("dests: no service %s", s)
+	}
+	var out []ipvs.Dest
+	for ap, d := range k.dests[s] {
+		d.Active = k.conns[ap]
+		out = append(out, d)
+	}
+	return out, nil
+}
+func (k *fakeKernel) destOp(s ipvs.Key, d ipvs.Dest, add, del bool) error {
+	k.ops++
+	ds, ok := k.dests[s]
+	if !ok {
+		return fmt.Errorf("no service %s", s)
+	}
+	ap := netip.AddrPortFrom(d.Addr, d.Port)
+	_, have := ds[ap]
+	switch {
+	case add && have:
+		return errExist
+	case !add && !have:
+		return fmt.Errorf("no real server %s in %s", ap, s)
+	case del:
+		delete(ds, ap)
+	default:
+		ds[ap] = ipvs.Dest{Addr: d.Addr, Port: d.Port, Weight: d.Weight}
+	}
+	return nil
+}
+func (k *fakeKernel) AddDest(s ipvs.Key, d ipvs.Dest) error    { return k.destOp(s, d, true, false) }
+func (k *fakeKernel) UpdateDest(s ipvs.Key, d ipvs.Dest) error { return k.destOp(s, d, false, false) }
+func (k *fakeKernel) DelDest(s ipvs.Key, d ipvs.Dest) error    { return k.destOp(s, d, false, true) }
+func (k *fakeKernel) EnsureLink() (bool, error) {
+	created := !k.link
+	k.link = true
+	return created, nil
+}
+func (k *fakeKernel) Addrs() ([]netip.Addr, error) { return slices.Collect(maps.Keys(k.addrs)), nil }
+func (k *fakeKernel) AddAddr(a netip.Addr) error {
+	k.ops++
+	if !k.link {
+		return errors.New("no link")
+	}
+	k.addrs[a] = true
+	return nil
+}
+func (k *fakeKernel) DelAddr(a netip.Addr) error {
+	k.ops++
+	delete(k.addrs, a)
+	return nil
+}
+func (k *fakeKernel) DeleteLinkIfEmpty() error {
+	if len(k.addrs) == 0 {
+		k.link = false
+	}
+	return nil
+}
+func (k *fakeKernel) EnsureSet(name, _ string) error {
+	if k.sets[name] == nil {
+		k.sets[name] = map[ipvs.Entry]bool{}
+	}
+	return nil
+}
+func (k *fakeKernel) DestroySet(name string) error {
+	delete(k.sets, name)
+	return nil
+}
+func (k *fakeKernel) Entries(name string) ([]ipvs.Entry, bool, error) {
+	s, ok := k.sets[name]
+	return slices.Collect(maps.Keys(s)), ok, nil
+}
+func (k *fakeKernel) AddEntry(set string, e ipvs.Entry) error {
+	k.ops++
+	s, ok := k.sets[set]
+	if !ok {
+		return fmt.Errorf("no set %s", set)
+	}
+	s[e] = true
+	return nil
+}
+func (k *fakeKernel) DelEntry(set string, e ipvs.Entry) error {
+	k.ops++
+	s, ok := k.sets[set]
+	if !ok {
+		return fmt.Errorf("no set %s", set)
+	}
+	delete(s, e)
+	return nil
+}
+
+// dump is the kernel state as sorted lines, for comparing kernels.
+func (k *fakeKernel) dump() []string {
+	var out []string
+	for key, s := range k.svcs {
+		line := fmt.Sprintf("vs %s %s p=%v t=%d ->", key, s.Scheduler, s.Persistent, s.Timeout)
+		ds := slices.SortedFunc(maps.Values(k.dests[key]), cmpDest)
+		for _, d := range ds {
+			line += fmt.Sprintf(" %s w%d", netip.AddrPortFrom(d.Addr, d.Port), d.Weight)
+		}
+		out = append(out, line)
+	}
+	for a := range k.addrs {
+		out = append(out, "addr "+a.String())
+	}
+	for name, s := range k.sets {
+		for e := range s {
+			out = append(out, fmt.Sprintf("set %s %+v", name, e))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// fakeRunner records the iptables input.
+type fakeRunner struct {
+	restored []string
+	jumps    map[string]bool
+}
+
+func (r *fakeRunner) Restore(_ context.Context, data []byte) error {
+	r.restored = append(r.restored, string(data))
+	return nil
+}
+func (r *fakeRunner) Save(context.Context, string) (string, error) { return "", nil }
+func (r *fakeRunner) EnsureRule(table, chain string, rule ...string) (bool, error) {
+	if r.jumps == nil {
+		r.jumps = map[string]bool{}
+	}
+	k := table + " " + chain + " " + strings.Join(rule, " ")
+	had := r.jumps[k]
+	r.jumps[k] = true
+	return !had, nil
+}
+func (r *fakeRunner) HasRandomFully() bool { return true }
+
+func portName(svc string) model.ServicePortName {
+	return model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: svc}, Port: "p", Protocol: v1.ProtocolTCP}
+}
+
+func addr(f *family.Family, v4, v6 string) netip.Addr {
+	if f == family.IPv6 {
+		return netip.MustParseAddr(v6)
+	}
+	return netip.MustParseAddr(v4)
+}
+
+// port is a ClusterIP port of Service svc (10.96.0.n / fd00:96::n) with endpoints
+// 10.64.0.e:8080 (fd00:64::e) for each e.
+func port(f *family.Family, svc string, n int, eps ...int) *model.PortState {
+	ps := &model.PortState{ServicePort: &model.ServicePort{
+		Name: portName(svc), ClusterIP: addr(f, fmt.Sprintf("10.96.0.%d", n), fmt.Sprintf("fd00:96::%d", n)),
+		Port: 80, Protocol: v1.ProtocolTCP,
+	}}
+	for _, e := range eps {
+		ps.Cluster = append(ps.Cluster, model.Endpoint{
+			Addr: addr(f, fmt.Sprintf("10.64.0.%d", e), fmt.Sprintf("fd00:64::%d", e)), Port: 8080, Ready: true, Serving: true,
+		})
+	}
+	ps.HasAny = len(eps) > 0
+	return ps
+}
+
+func node(f *family.Family) *proxier.NodeConfig {
+	return &proxier.NodeConfig{
+		Family: f, NodeIP: addr(f, "192.0.2.1", "2001:db8::1"),
+		NodePortAddresses: nodeport.Addresses{Family: f, MatchAll: true, Addrs: []netip.Addr{addr(f, "192.0.2.1", "2001:db8::1"), addr(f, "198.51.100.1", "2001:db8:1::1")}},
+		ServiceCIDRs:      []netip.Prefix{netip.PrefixFrom(addr(f, "10.96.0.0", "fd00:96::"), map[int]int{32: 16, 128: 112}[f.BitLen])},
+		Local:             proxier.LocalDetector{Mode: proxier.LocalModeClusterCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.64.0.0/16"), netip.MustParsePrefix("fd00:64::/48")}},
+	}
+}
+
+func state(ports ...*model.PortState) *model.State {
+	st := model.NewState()
+	for _, p := range ports {
+		st.Ports[p.Name] = p
+	}
+	return st
+}
+
+func newBackend(f *family.Family, k *fakeKernel) *Backend {
+	return New(f, k, &fakeRunner{}, Options{MasqueradeBit: 14, Sysctl: func(string, string) error { return nil }})
+}
+
+func sync(t *testing.T, b *Backend, req *proxier.SyncRequest) proxier.SyncResult {
+	t.Helper()
+	res, err := b.Sync(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestRender(t *testing.T) {
+	f := family.IPv4
+	ps := port(f, "web", 10, 1, 2)
+	ps.Cluster[0].Local = true
+	ps.NodePort = 30010
+	ps.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.1"), netip.MustParseAddr("2001:db8::9")}
+	ps.LoadBalancerVIPs = []netip.Addr{netip.MustParseAddr("203.0.113.2")}
+	ps.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("192.0.2.7/32")}
+	ps.AffinitySeconds = 60
+	ps.HealthCheckNodePort = 32000
+	o := render(ps, node(f), "rr")
+	var got []string
+	for _, v := range o.vs {
+		line := fmt.Sprintf("%s p=%v t=%d:", v.svc.Key, v.svc.Persistent, v.svc.Timeout)
+		for _, d := range v.dests {
+			line += " " + netip.AddrPortFrom(d.Addr, d.Port).String()
+		}
+		got = append(got, line)
+	}
+	for _, m := range o.members {
+		got = append(got, fmt.Sprintf("%s %s %d %d %s/%d", setDefs[m.set].name, m.e.IP, m.e.Proto, m.e.Port, m.e.IP2, m.e.CIDR2))
+	}
+	for _, a := range o.addrs {
+		got = append(got, "bind "+a.String())
+	}
+	want := []string{
+		"tcp/10.96.0.10:80 p=true t=60: 10.64.0.1:8080 10.64.0.2:8080",
+		"tcp/203.0.113.1:80 p=true t=60: 10.64.0.1:8080 10.64.0.2:8080",
+		"tcp/203.0.113.2:80 p=true t=60: 10.64.0.1:8080 10.64.0.2:8080",
+		"tcp/192.0.2.1:30010 p=true t=60: 10.64.0.1:8080 10.64.0.2:8080",
+		"tcp/198.51.100.1:30010 p=true t=60: 10.64.0.1:8080 10.64.0.2:8080",
+		"CLUSTER-IP 10.96.0.10 6 80 invalid IP/0",
+		"EXTERNAL 203.0.113.1 6 80 invalid IP/0",
+		"EXTERNAL 203.0.113.2 6 80 invalid IP/0",
+		"FIREWALL 203.0.113.2 6 80 invalid IP/0",
+		"SOURCE-RANGES 203.0.113.2 6 80 198.51.100.0/24",
+		"SOURCE-RANGES 203.0.113.2 6 80 192.0.2.7/0",
+		"EXTERNAL 192.0.2.1 6 30010 invalid IP/0",
+		"EXTERNAL 198.51.100.1 6 30010 invalid IP/0",
+		"LOOP-BACK 10.64.0.1 6 8080 10.64.0.1/0",
+		"HEALTH-CHECK 192.0.2.1 6 32000 invalid IP/0",
+		"HEALTH-CHECK 198.51.100.1 6 32000 invalid IP/0",
+		"bind 10.96.0.10",
+		"bind 203.0.113.1",
+		"bind 203.0.113.2",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("render:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	// Without endpoints: no virtual server, a refusal (none anywhere) or a drop
+	// (traffic policy Local, endpoints elsewhere only).
+	empty := port(f, "empty", 11)
+	empty.NodePort = 30011
+	o = render(empty, node(f), "rr")
+	noEps := slices.DeleteFunc(slices.Clone(o.members), func(m member) bool { return m.set != setNoEndpoints })
+	if len(o.vs) != 0 || len(noEps) != 3 { // the ClusterIP and two NodePort addresses
+		t.Fatalf("no endpoints: %+v", o)
+	}
+	remote := port(f, "remote", 12, 3)
+	remote.NodePort, remote.ExternalPolicyLocal = 30012, true
+	o = render(remote, node(f), "rr")
+	if len(o.vs) != 1 || !slices.ContainsFunc(o.members, func(m member) bool { return m.set == setNoLocal && m.e.Port == 30012 }) {
+		t.Fatalf("ETP Local without local endpoints: %+v", o)
+	}
+}
+
+// TestRandomPartialSyncs applies random one-port changes and checks after each
+// that the kernel holds exactly what a full sync of the same state writes into
+// an empty kernel, and that a full sync then finds nothing to repair.
+func TestRandomPartialSyncs(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			rnd := rand.New(rand.NewPCG(11, uint64(f.BitLen)))
+			k := newFake()
+			b := newBackend(f, k)
+			ports := map[model.ServicePortName]*model.PortState{}
+			randomPort := func(i int) *model.PortState {
+				var eps []int
+				for e := range rnd.IntN(6) {
+					if rnd.IntN(4) > 0 {
+						eps = append(eps, 1+e)
+					}
+				}
+				ps := port(f, fmt.Sprintf("s%d", i), 1+i, eps...)
+				for j := range ps.Cluster {
+					ps.Cluster[j].Local = rnd.IntN(3) == 0
+					if ps.Cluster[j].Local {
+						ps.Local = append(ps.Local, ps.Cluster[j])
+					}
+				}
+				if rnd.IntN(5) == 0 { // endpoints on other nodes only
+					ps.HasAny = true
+				}
+				if rnd.IntN(3) == 0 {
+					ps.NodePort = uint16(30000 + i)
+					ps.ExternalPolicyLocal = rnd.IntN(2) == 0
+				}
+				if rnd.IntN(4) == 0 {
+					ps.AffinitySeconds = uint32(10 + rnd.IntN(2))
+				}
+				if rnd.IntN(4) == 0 {
+					// Shared between Services: the address stays while any uses it.
+					ps.ExternalIPs = []netip.Addr{addr(f, "203.0.113.1", "2001:db8:7::1")}
+					ps.Port = uint16(80 + i)
+				}
+				if rnd.IntN(5) == 0 {
+					ps.LoadBalancerVIPs = []netip.Addr{addr(f, fmt.Sprintf("203.0.113.%d", 100+i), fmt.Sprintf("2001:db8:8::%d", i))}
+					ps.SourceRanges = []netip.Prefix{netip.PrefixFrom(addr(f, "198.51.100.0", "2001:db8:9::"), map[int]int{32: 24, 128: 64}[f.BitLen])}
+				}
+				if rnd.IntN(6) == 0 {
+					ps.HealthCheckNodePort = uint16(32000 + i)
+				}
+				return ps
+			}
+			st := func() *model.State {
+				s := model.NewState()
+				maps.Copy(s.Ports, ports)
+				return s
+			}
+			for i := range 6 {
+				ps := randomPort(i)
+				ports[ps.Name] = ps
+			}
+			sync(t, b, &proxier.SyncRequest{Full: true, State: st(), Node: node(f)})
+			for step := range 400 {
+				var changed []model.ServicePortName
+				for range 1 + rnd.IntN(2) {
+					i := rnd.IntN(10)
+					name := portName(fmt.Sprintf("s%d", i))
+					if _, ok := ports[name]; ok && rnd.IntN(4) == 0 {
+						delete(ports, name)
+					} else {
+						ports[name] = randomPort(i)
+					}
+					changed = append(changed, name)
+				}
+				k.ops = 0
+				sync(t, b, &proxier.SyncRequest{State: st(), Changed: changed, Node: node(f)})
+				if k.ops > 60 {
+					t.Fatalf("step %d: a partial sync of %d ports made %d kernel operations", step, len(changed), k.ops)
+				}
+				fresh := newFake()
+				sync(t, newBackend(f, fresh), &proxier.SyncRequest{Full: true, State: st(), Node: node(f)})
+				if got, want := k.dump(), fresh.dump(); !slices.Equal(got, want) {
+					t.Fatalf("step %d (%v): kernel holds\n%s\nwant\n%s", step, changed, strings.Join(got, "\n"), strings.Join(want, "\n"))
+				}
+				if step%50 == 0 {
+					if res := sync(t, b, &proxier.SyncRequest{Full: true, State: st(), Node: node(f)}); res.Repairs != 0 {
+						t.Fatalf("step %d: full sync repaired %d", step, res.Repairs)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestFullSyncRepairs breaks the kernel's state in every way the backend keeps
+// and checks that a full sync counts each break as a repair and puts it back.
+func TestFullSyncRepairs(t *testing.T) {
+	f := family.IPv4
+	web := port(f, "web", 10, 1, 2)
+	web.NodePort = 30010
+	st := state(web, port(f, "other", 11, 3))
+	breaks := []struct {
+		name  string
+		break_ func(k *fakeKernel)
+	}{
+		{"virtual server deleted", func(k *fakeKernel) { _ = k.DelService(ipvs.Key{Addr: web.ClusterIP, Proto: 6, Port: 80}) }},
+		{"real server deleted", func(k *fakeKernel) {
+			_ = k.DelDest(ipvs.Key{Addr: web.ClusterIP, Proto: 6, Port: 80}, ipvs.Dest{Addr: web.Cluster[0].Addr, Port: 8080})
+		}},
+		{"stranger's virtual server", func(k *fakeKernel) {
+			_ = k.AddService(ipvs.Service{Key: ipvs.Key{Addr: netip.MustParseAddr("10.96.9.9"), Proto: 6, Port: 1}})
+		}},
+		{"address unbound", func(k *fakeKernel) { delete(k.addrs, web.ClusterIP) }},
+		{"set flushed", func(k *fakeKernel) { clear(k.sets[setName(f, setClusterIP)]) }},
+		{"member added", func(k *fakeKernel) {
+			k.sets[setName(f, setNoEndpoints)][ipvs.Entry{IP: web.ClusterIP, Proto: 6, Port: 80}] = true
+		}},
+	}
+	for _, br := range breaks {
+		t.Run(br.name, func(t *testing.T) {
+			k := newFake()
+			b := newBackend(f, k)
+			sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)})
+			want := k.dump()
+			br.break_(k)
+			if res := sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)}); res.Repairs == 0 {
+				t.Fatal("full sync after the break: 0 repairs")
+			}
+			if got := k.dump(); !slices.Equal(got, want) {
+				t.Fatalf("after repair:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			if res := sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)}); res.Repairs != 0 {
+				t.Fatalf("second full sync: %d repairs", res.Repairs)
+			}
+		})
+	}
+}
+
+// TestExcludeCIDRs: virtual servers in the excluded ranges are never deleted.
+func TestExcludeCIDRs(t *testing.T) {
+	f := family.IPv4
+	k := newFake()
+	b := New(f, k, &fakeRunner{}, Options{ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("172.16.0.0/12")},
+		Sysctl: func(string, string) error { return nil }, IPSetLoaded: func() bool { return true }})
+	keep := ipvs.Key{Addr: netip.MustParseAddr("172.16.0.5"), Proto: 6, Port: 443}
+	drop := ipvs.Key{Addr: netip.MustParseAddr("10.200.0.5"), Proto: 6, Port: 443}
+	_ = k.AddService(ipvs.Service{Key: keep})
+	_ = k.AddService(ipvs.Service{Key: drop})
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 1)), Node: node(f)})
+	if _, ok := k.svcs[keep]; !ok {
+		t.Fatal("full sync deleted a virtual server in --ipvs-exclude-cidrs")
+	}
+	if _, ok := k.svcs[drop]; ok {
+		t.Fatal("full sync kept a virtual server nobody wants outside the excluded ranges")
+	}
+	if err := b.Cleanup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := k.svcs[keep]; !ok || len(k.svcs) != 1 || len(k.addrs) != 0 || len(k.sets) != 0 || k.link {
+		t.Fatalf("after cleanup: %v", k.dump())
+	}
+}
+
+// TestDrain: a removed real server with connections stays at weight 0 until
+// they end; a check (Flushed) then deletes it.
+func TestDrain(t *testing.T) {
+	f := family.IPv4
+	k := newFake()
+	b := newBackend(f, k)
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 1, 2)), Node: node(f)})
+	gone := netip.AddrPortFrom(addr(f, "10.64.0.1", ""), 8080)
+	k.conns[gone] = 3
+	name := portName("web")
+	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10, 2)), Changed: []model.ServicePortName{name}, Node: node(f)})
+	vs := ipvs.Key{Addr: addr(f, "10.96.0.10", ""), Proto: 6, Port: 80}
+	if d, ok := k.dests[vs][gone]; !ok || d.Weight != 0 {
+		t.Fatalf("removed real server with connections: %+v (present %v), want weight 0", d, ok)
+	}
+	if b.Flushed(context.Background()) {
+		t.Fatal("Flushed with nothing flushed")
+	}
+	if _, ok := k.dests[vs][gone]; !ok {
+		t.Fatal("drained real server deleted while it has connections")
+	}
+	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 2)), Node: node(f)}); res.Repairs != 0 {
+		t.Fatalf("full sync while draining: %d repairs", res.Repairs)
+	}
+	if _, ok := k.dests[vs][gone]; !ok {
+		t.Fatal("full sync deleted a draining real server")
+	}
+	k.conns[gone] = 0
+	b.Flushed(context.Background())
+	if _, ok := k.dests[vs][gone]; ok {
+		t.Fatal("drained real server without connections not deleted by the check")
+	}
+	// UDP real servers are not drained.
+	udp := port(f, "dns", 11, 1, 2)
+	udp.Protocol = v1.ProtocolUDP
+	k.conns[gone] = 3
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(udp), Node: node(f)})
+	udp2 := port(f, "dns", 11, 2)
+	udp2.Protocol = v1.ProtocolUDP
+	sync(t, b, &proxier.SyncRequest{State: state(udp2), Changed: []model.ServicePortName{udp.Name}, Node: node(f)})
+	if _, ok := k.dests[ipvs.Key{Addr: udp.ClusterIP, Proto: 17, Port: 80}][gone]; ok {
+		t.Fatal("UDP real server drained, want deleted")
+	}
+}
+
+// TestFlushed: a deleted set or dummy link is noticed by the check.
+func TestFlushed(t *testing.T) {
+	f := family.IPv6
+	k := newFake()
+	b := newBackend(f, k)
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 1)), Node: node(f)})
+	if b.Flushed(context.Background()) {
+		t.Fatal("Flushed right after a full sync")
+	}
+	delete(k.sets, setName(f, setLoopBack))
+	if !b.Flushed(context.Background()) {
+		t.Fatal("a destroyed ipset went unnoticed")
+	}
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 1)), Node: node(f)})
+	clear(k.addrs)
+	k.link = false
+	if !b.Flushed(context.Background()) {
+		t.Fatal("a deleted dummy link went unnoticed")
+	}
+}
+
+// TestReservedNodePortsPartial: a change of the other family's reserved
+// NodePorts changes members only, without a full sync.
+func TestReservedNodePortsPartial(t *testing.T) {
+	f := family.IPv4
+	k := newFake()
+	b := newBackend(f, k)
+	st := state(port(f, "web", 10, 1))
+	sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)})
+	n := node(f)
+	n.ReservedNodePorts = []nodeport.Key{{Protocol: v1.ProtocolUDP, Port: 30500}}
+	k.ops = 0
+	res := sync(t, b, &proxier.SyncRequest{State: st, Node: n, NodeChanged: true})
+	if res.Transactions != 0 || k.ops != 2 {
+		t.Fatalf("reserving one NodePort: %d iptables transactions, %d kernel operations; want 0 and 2 (one member per NodePort address)", res.Transactions, k.ops)
+	}
+	if !k.sets[setName(f, setReserved)][ipvs.Entry{IP: addr(f, "192.0.2.1", ""), Proto: 17, Port: 30500}] {
+		t.Fatalf("reserved NodePort missing: %v", k.dump())
+	}
+}
+
+// TestRuleset checks the node settings' effect on the iptables rules.
+func TestRuleset(t *testing.T) {
+	n := node(family.IPv6)
+	rs := ruleset(n, 14, true)
+	for _, want := range []string{
+		"-A DSIPVS-SERVICES -m set --match-set DSIPVS6-CLUSTER-IP dst,dst -j DSIPVS-MASQ-NONLOCAL",
+		"-A DSIPVS-MASQ-NONLOCAL -s fd00:64::/48 -j RETURN",
+		"-A DSIPVS-MARK-MASQ -j MARK --or-mark 0x4000",
+		"-A DSIPVS-POSTROUTING -j MASQUERADE --random-fully",
+		"-A DSIPVS-FORWARD -d fd00:96::/112 -m set ! --match-set DSIPVS6-IPS dst -j DROP",
+	} {
+		if !strings.Contains(rs, want+"\n") {
+			t.Errorf("ruleset lacks %q:\n%s", want, rs)
+		}
+	}
+	if strings.Contains(rs, "10.64.0.0/16") {
+		t.Error("IPv6 ruleset matches an IPv4 pod CIDR")
+	}
+	n.MasqueradeAll = true
+	if rs := ruleset(n, 3, false); !strings.Contains(rs, "-A DSIPVS-SERVICES -m set --match-set DSIPVS6-CLUSTER-IP dst,dst -j DSIPVS-MARK-MASQ\n") ||
+		!strings.Contains(rs, "--or-mark 0x8\n") {
+		t.Errorf("masqueradeAll, bit 3:\n%s", rs)
+	}
+}
