@@ -429,7 +429,7 @@ func TestFullSyncRepairs(t *testing.T) {
 	web.NodePort = 30010
 	st := state(web, port(f, "other", 11, 3))
 	breaks := []struct {
-		name  string
+		name   string
 		break_ func(k *fakeKernel)
 	}{
 		{"virtual server deleted", func(k *fakeKernel) { _ = k.DelService(ipvs.Key{Addr: web.ClusterIP, Proto: 6, Port: 80}) }},
