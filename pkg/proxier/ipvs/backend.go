@@ -459,7 +459,7 @@ func (b *Backend) fullSync(ctx context.Context, req *proxier.SyncRequest, res *p
 	node := renderNode(req.Node)
 	b.written[model.ServicePortName{}] = node
 	b.account(node, 1, vs, ms, as)
-	if err := b.setup(ctx, req.Node, res); err != nil {
+	if err := b.setup(ctx, req.Node, res, wasSynced); err != nil {
 		return err
 	}
 	// The kernel's virtual servers with their real servers.
@@ -569,8 +569,9 @@ func (b *Backend) excluded(a netip.Addr) bool {
 }
 
 // setup creates the dummy link and the ipsets, sets IPVS's sysctls, and writes
-// the iptables rules with the jumps to them.
-func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *proxier.SyncResult) error {
+// the iptables rules with the jumps to them; a missing jump counts as a repair
+// when the kernel was synced before.
+func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *proxier.SyncResult, wasSynced bool) error {
 	if _, err := b.k.EnsureLink(); err != nil {
 		return err
 	}
@@ -605,7 +606,7 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 		if err != nil {
 			return err
 		}
-		if added && b.synced {
+		if added && wasSynced {
 			res.Repairs++
 		}
 	}

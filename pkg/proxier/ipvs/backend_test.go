@@ -441,6 +441,7 @@ func TestFullSyncRepairs(t *testing.T) {
 		}},
 		{"address unbound", func(k *fakeKernel) { delete(k.addrs, web.ClusterIP) }},
 		{"set flushed", func(k *fakeKernel) { clear(k.sets[setName(f, setClusterIP)]) }},
+		{"jump deleted", func(*fakeKernel) {}},
 		{"member added", func(k *fakeKernel) {
 			k.sets[setName(f, setNoEndpoints)][ipvs.Entry{IP: web.ClusterIP, Proto: 6, Port: 80}] = true
 		}},
@@ -449,9 +450,13 @@ func TestFullSyncRepairs(t *testing.T) {
 		t.Run(br.name, func(t *testing.T) {
 			k := newFake()
 			b := newBackend(f, k)
+			r := b.r.(*fakeRunner)
 			sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)})
 			want := k.dump()
 			br.break_(k)
+			if br.name == "jump deleted" {
+				delete(r.jumps, "nat POSTROUTING -m comment --comment dsproxy ipvs -j "+chainPostrouting)
+			}
 			if res := sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)}); res.Repairs == 0 {
 				t.Fatal("full sync after the break: 0 repairs")
 			}

@@ -1,0 +1,232 @@
+//go:build netns
+
+package netns
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsproxy/dsproxy/internal/testaddr"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/ipvs"
+	ipvsbackend "github.com/dsproxy/dsproxy/pkg/proxier/ipvs"
+)
+
+// ipvsKernel opens the node's IPVS for f, for the tests' own inspection and
+// sabotage.
+func (e *proxyNode) ipvsKernel(t *testing.T, f *family.Family) *ipvs.Kernel {
+	t.Helper()
+	k, err := ipvs.Open(f, e.c.Node.Path(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	return k
+}
+
+// TestIPVSRepairAndCleanup is TestIPTablesRepairAndCleanup for the IPVS
+// backend: a full sync on an untouched kernel repairs nothing; after someone
+// deletes a virtual server, unbinds a Service address, flushes an ipset or
+// deletes the nat POSTROUTING jump, traffic breaks and the next full sync
+// repairs it; after the dummy link is deleted, the next periodic check notices
+// and resyncs. Cleanup removes dsproxy's virtual servers, addresses, link, ipsets
+// and chains in both families and leaves others' alone.
+func TestIPVSRepairAndCleanup(t *testing.T) {
+	e := newProxyNodeMode(t, modeIPVS)
+	pods := []*NS{e.c.AddPod("pod-a"), e.c.AddPod("pod-b")}
+	client := e.c.AddPod("client")
+	for _, n := range pods {
+		n.Serve(TCP, pxPodPort)
+		n.Serve(UDP, pxPodPort)
+	}
+	s := svcSpec{name: "web", n: 30, typ: "NodePort", nodePort: 30300, eps: pods}
+	e.apply(s)
+	e.sync(false)
+	vip := func(f *family.Family) netip.AddrPort { return netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort) }
+	nodePort := func(f *family.Family, p Proto) netip.AddrPort {
+		return netip.AddrPortFrom(e.c.Node.IP(f), s.nodePortOf(p))
+	}
+	works := func(t *testing.T, f *family.Family) {
+		t.Helper()
+		for _, p := range []Proto{TCP, UDP} {
+			e.expectServed(t, client, p, vip(f), client.IP(f), pods...)
+			e.expectServed(t, e.c.External, p, nodePort(f, p), e.c.Node.IP(f), pods...)
+		}
+	}
+	brokenVIP := func(t *testing.T, f *family.Family, what string) {
+		t.Helper()
+		if r, err := Dial(client, TCP, vip(f), pxDropWait); err == nil {
+			e.fatalf(t, "%s: the ClusterIP still answers (%v) after %s", f, r, what)
+		}
+	}
+	e.expectNoRepairs(t, "on an untouched kernel")
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			k := e.ipvsKernel(t, f)
+			works(t, f)
+			// 1. Someone deletes the ClusterIP's virtual server.
+			if err := k.DelService(ipvs.Key{Addr: vip(f).Addr(), Proto: 6, Port: pxSvcPort}); err != nil {
+				e.fatalf(t, "deleting the virtual server: %v", err)
+			}
+			e.expectRepair(t, f, "deleting the virtual server", true, brokenVIP, works)
+			// 2. Someone unbinds the ClusterIP from the dummy link.
+			if err := k.DelAddr(vip(f).Addr()); err != nil {
+				e.fatalf(t, "unbinding the ClusterIP: %v", err)
+			}
+			e.expectRepair(t, f, "unbinding the ClusterIP", true, brokenVIP, works)
+			// 3. Someone flushes the set of ClusterIPs: new connections to the
+			// address are refused as to an unknown port.
+			set := ipvsbackend.Prefix + "CLUSTER-IP"
+			if f.BitLen == 128 {
+				set = ipvsbackend.Prefix6 + "CLUSTER-IP"
+			}
+			if out, err := Exec(e.c.Node, "ipset", "flush", set); err != nil {
+				e.fatalf(t, "ipset flush %s: %v %s", set, err, out)
+			}
+			e.expectRepair(t, f, "flushing "+set, true, brokenVIP, works)
+			// 4. Someone deletes the jump to the masquerading chain: NodePort
+			// replies no longer come back through the node.
+			if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "nat", "-D", "POSTROUTING", "-m", "comment", "--comment", "dsproxy ipvs", "-j", ipvsbackend.Prefix+"POSTROUTING"); err != nil {
+				e.fatalf(t, "deleting the POSTROUTING jump: %v %s", err, out)
+			}
+			e.expectRepair(t, f, "deleting the POSTROUTING jump", true, func(t *testing.T, f *family.Family, what string) {
+				t.Helper()
+				if r, err := Dial(e.c.External, TCP, nodePort(f, TCP), pxDropWait); err == nil && r.ObservedSrc.Addr() == e.c.Node.IP(f) {
+					e.fatalf(t, "%s: the NodePort is still masqueraded (%v) after %s", f, r, what)
+				}
+			}, works)
+			// 5. Someone deletes the dummy link: the next periodic check notices.
+			if out, err := Exec(e.c.Node, "ip", "link", "del", ipvs.LinkName); err != nil {
+				e.fatalf(t, "deleting %s: %v %s", ipvs.LinkName, err, out)
+			}
+			e.expectRepair(t, f, "deleting "+ipvs.LinkName, false, brokenVIP, works)
+			// The other family's addresses went with the link: its own check
+			// sync puts them back.
+			e.sync(false)
+		})
+	}
+	t.Run("cleanup", func(t *testing.T) {
+		// Someone else's rule and virtual server, which cleanup must keep.
+		foreign := map[*family.Family]ipvs.Key{}
+		for _, f := range family.All {
+			if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "filter", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"); err != nil {
+				e.fatalf(t, "%s: adding a foreign rule: %v %s", f, err, out)
+			}
+			foreign[f] = ipvs.Key{Addr: testaddr.Ext(f, 9), Proto: 6, Port: 22}
+			if err := e.ipvsKernel(t, f).AddService(ipvs.Service{Key: foreign[f], Scheduler: "rr"}); err != nil {
+				e.fatalf(t, "%s: adding a foreign virtual server: %v", f, err)
+			}
+		}
+		for _, f := range family.All {
+			if err := RunIn(e.c.Node, func() error { return e.fam[f].vb.Cleanup(context.Background()) }); err != nil {
+				e.fatalf(t, "%s cleanup: %v", f, err)
+			}
+		}
+		for _, f := range family.All {
+			out, err := Exec(e.c.Node, f.IPTablesCommand+"-save")
+			if err != nil {
+				e.fatalf(t, "%s-save: %v", f.IPTablesCommand, err)
+			}
+			if strings.Contains(out, "DSIPVS") {
+				e.fatalf(t, "%s: DSIPVS chains left after cleanup:\n%s", f, out)
+			}
+			if !strings.Contains(out, "-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT") {
+				e.fatalf(t, "%s: cleanup removed a rule that is not dsproxy's:\n%s", f, out)
+			}
+			svcs, err := e.ipvsKernel(t, f).Services()
+			if err != nil || len(svcs) != 1 || svcs[0].Key != foreign[f] {
+				e.fatalf(t, "%s: virtual servers after cleanup: %v (%v), want only the foreign %s", f, svcs, err, foreign[f])
+			}
+			brokenVIP(t, f, "cleanup")
+		}
+		if out, err := Exec(e.c.Node, "ipset", "list", "-n"); err != nil || strings.Contains(out, "DSIPVS") {
+			e.fatalf(t, "ipsets after cleanup: %v\n%s", err, out)
+		}
+		if out, err := Exec(e.c.Node, "ip", "link", "show", ipvs.LinkName); err == nil {
+			e.fatalf(t, "%s left after cleanup:\n%s", ipvs.LinkName, out)
+		}
+	})
+}
+
+// TestIPVSDrain: when an endpoint goes, its real server keeps its open TCP
+// connections at weight 0 while new connections go to the others; once they
+// end, a periodic check deletes it.
+func TestIPVSDrain(t *testing.T) {
+	e := newProxyNodeMode(t, modeIPVS)
+	a, b := e.c.AddPod("pod-a"), e.c.AddPod("pod-b")
+	client := e.c.AddPod("client")
+	for _, n := range []*NS{a, b} {
+		n.Serve(TCP, pxPodPort)
+	}
+	serveEcho(t, echoPort, a, b)
+	s := svcSpec{name: "drain", n: 32, eps: []*NS{a}, extraPorts: []int32{echoPort}}
+	e.apply(s)
+	e.sync(false)
+	conns := map[*family.Family]net.Conn{}
+	for _, f := range family.All {
+		c, err := openConn(client, "tcp", netip.AddrPortFrom(testaddr.Svc(f, s.n), echoPort))
+		if err != nil {
+			e.fatalf(t, "%s long-lived connection: %v", f, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[f] = c
+	}
+	s.eps = []*NS{b}
+	e.apply(s)
+	e.sync(false)
+	for _, f := range family.All {
+		rd := bufio.NewReader(conns[f])
+		for i := range 3 {
+			msg := fmt.Sprintf("ping %d\n", i)
+			_ = conns[f].SetDeadline(time.Now().Add(2 * time.Second))
+			if _, err := conns[f].Write([]byte(msg)); err != nil {
+				e.fatalf(t, "%s: the connection to the removed endpoint broke: %v", f, err)
+			}
+			if got, err := rd.ReadString('\n'); err != nil || got != msg {
+				e.fatalf(t, "%s: the connection to the removed endpoint: %q, %v", f, got, err)
+			}
+		}
+		for range 5 {
+			e.expectServed(t, client, TCP, netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort), client.IP(f), b)
+		}
+		key := ipvs.Key{Addr: testaddr.Svc(f, s.n), Proto: 6, Port: echoPort}
+		weight := func() (int, bool) {
+			ds, err := e.ipvsKernel(t, f).Dests(key)
+			if err != nil {
+				e.fatalf(t, "%s: real servers of %s: %v", f, key, err)
+			}
+			for _, d := range ds {
+				if d.Addr == a.IP(f) {
+					return d.Weight, true
+				}
+			}
+			return 0, false
+		}
+		if w, ok := weight(); !ok || w != 0 {
+			e.fatalf(t, "%s: the removed endpoint's real server: present %v weight %d, want present at weight 0", f, ok, w)
+		}
+		// End the connection with a reset: IPVS forgets it within seconds
+		// (a FIN would keep it in TIME_WAIT for two minutes).
+		if tc, ok := conns[f].(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		conns[f].Close()
+		deadline := time.Now().Add(40 * time.Second)
+		for {
+			e.syncFamily(f, false) // a check sync: nothing changed
+			if _, ok := weight(); !ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				e.fatalf(t, "%s: the drained real server is still there 40 s after its connection ended", f)
+			}
+			time.Sleep(time.Second)
+		}
+	}
+}
