@@ -18,10 +18,12 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
+	"github.com/dsproxy/dsproxy/pkg/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 	"github.com/dsproxy/dsproxy/pkg/proxier/iptables"
+	ipvsbackend "github.com/dsproxy/dsproxy/pkg/proxier/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
 	vnetns "github.com/vishvananda/netns"
 )
@@ -56,6 +58,11 @@ func TestCleanupOtherMode(t *testing.T) {
 			}
 		}
 	}
+	inNewNetns(t, testCleanupOtherMode)
+}
+
+// inNewNetns runs fn on a thread in a new network namespace.
+func inNewNetns(t *testing.T, fn func(t *testing.T, ns vnetns.NsHandle)) {
 	errc := make(chan error, 1)
 	go func() {
 		// The thread enters a new network namespace and is never unlocked, so it
@@ -68,7 +75,7 @@ func TestCleanupOtherMode(t *testing.T) {
 		}
 		defer ns.Close()
 		errc <- nil
-		testCleanupOtherMode(t, ns)
+		fn(t, ns)
 		errc <- nil
 	}()
 	if err := <-errc; err != nil {
@@ -157,5 +164,126 @@ func testCleanupOtherMode(t *testing.T, ns vnetns.NsHandle) {
 	}
 	if n, c := nftTables(), iptAll(); n != 2 || c != 0 {
 		t.Errorf("nftables mode's cleanup left %d nftables tables (want 2 kept) and %d DSPROXY- chains (want 0)", n, c)
+	}
+}
+
+// TestCleanupOtherModeIPVS: nftables mode's start removes everything of the
+// IPVS mode; IPVS mode's removes the nftables and iptables modes' rules and its
+// own chains of the other iptables flavour, and keeps its virtual servers.
+func TestCleanupOtherModeIPVS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		if os.Getenv("DSPROXY_REQUIRE_IPVS") != "" {
+			t.Fatal("DSPROXY_REQUIRE_IPVS is set and the kernel has no IPVS")
+		}
+		t.Skip("the kernel has no IPVS: make test-ipvs runs this in a guest kernel that has it")
+	}
+	inNewNetns(t, testCleanupOtherModeIPVS)
+}
+
+func testCleanupOtherModeIPVS(t *testing.T, ns vnetns.NsHandle) {
+	ctx := context.Background()
+	k, err := nft.NewNetlink(nft.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer k.Close()
+	program := func(mode config.ProxyMode, fl ipt.Flavor) bool {
+		for _, f := range family.All {
+			var b proxier.Backend = nftables.New(f, k, nftables.Options{})
+			r, err := ipt.New(f, fl)
+			if err != nil {
+				t.Error(err)
+				return false
+			}
+			switch mode {
+			case config.ModeIPTables:
+				if b, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14}); err != nil {
+					t.Error(err)
+					return false
+				}
+			case config.ModeIPVS:
+				kv, err := ipvs.Open(f, "", true)
+				if err != nil {
+					t.Error(err)
+					return false
+				}
+				defer kv.Close()
+				b = ipvsbackend.New(f, kv, r, ipvsbackend.Options{MasqueradeBit: 14})
+			}
+			if _, err := b.Sync(ctx, oneServiceSync(f)); err != nil {
+				t.Errorf("%s %s sync: %v", mode, f, err)
+				return false
+			}
+		}
+		return true
+	}
+	// count is what is left of a mode: nftables tables, DSPROXY- chains (both
+	// flavours), the IPVS mode's virtual servers and its DSIPVS- chains per flavour.
+	type left struct{ tables, iptChains, vs, ipvsNFT, ipvsLegacy int }
+	count := func() left {
+		var l left
+		for _, f := range family.All {
+			names, err := k.ListTables(ctx, f)
+			if err != nil {
+				t.Errorf("%s: list tables: %v", f, err)
+			}
+			for _, name := range names {
+				if slices.Contains(nftables.TableNames, name) {
+					l.tables++
+				}
+			}
+			for _, fl := range []string{"nft", "legacy"} {
+				out, err := exec.Command(f.IPTablesCommand + "-" + fl + "-save").Output()
+				if err != nil {
+					t.Errorf("%s-%s-save: %v", f.IPTablesCommand, fl, err)
+				}
+				l.iptChains += strings.Count(string(out), ":"+iptables.Prefix)
+				n := strings.Count(string(out), ":"+ipvsbackend.Prefix)
+				if fl == "nft" {
+					l.ipvsNFT += n
+				} else {
+					l.ipvsLegacy += n
+				}
+			}
+			kv, err := ipvs.Open(f, "", true)
+			if err != nil {
+				t.Error(err)
+				continue
+			}
+			svcs, err := kv.Services()
+			kv.Close()
+			if err != nil {
+				t.Error(err)
+			}
+			l.vs += len(svcs)
+		}
+		return l
+	}
+	if !program(config.ModeIPVS, ipt.FlavorNFT) {
+		return
+	}
+	if l := count(); l.vs != 2 || l.ipvsNFT == 0 {
+		t.Errorf("after programming the IPVS mode: %+v, want 2 virtual servers and DSIPVS- chains in nft", l)
+		return
+	}
+	if err := cleanupOtherMode(ctx, config.ModeNFTables, ipt.FlavorDefault, k); err != nil {
+		t.Errorf("cleanup for nftables mode: %v", err)
+	}
+	if l := count(); l.vs != 0 || l.ipvsNFT != 0 {
+		t.Errorf("nftables mode's cleanup left %+v, want no virtual server and no DSIPVS- chain", l)
+	}
+	if !program(config.ModeNFTables, "") || !program(config.ModeIPTables, ipt.FlavorNFT) ||
+		!program(config.ModeIPVS, ipt.FlavorLegacy) || !program(config.ModeIPVS, ipt.FlavorNFT) {
+		return
+	}
+	if err := cleanupOtherMode(ctx, config.ModeIPVS, ipt.FlavorNFT, k); err != nil {
+		t.Errorf("cleanup for ipvs mode: %v", err)
+	}
+	if l := count(); l.tables != 0 || l.iptChains != 0 || l.vs != 2 || l.ipvsNFT == 0 || l.ipvsLegacy != 0 {
+		t.Errorf("ipvs mode (nft)'s cleanup left %+v, want only its 2 virtual servers and its nft chains", l)
 	}
 }
