@@ -24,14 +24,18 @@ test-netns:
 
 # The IPVS mode's kernel tests. This kernel has no IPVS, so they run in a qemu
 # guest booted with Debian's kernel (hack/guest), where a missing IPVS fails
-# rather than skips. The test binaries are built here; the guest sees this
-# machine's filesystem.
+# rather than skips: the netns scenarios, and the real binary in IPVS mode on the
+# real control plane, all inside the guest. The test binaries are built here; the
+# guest sees this machine's filesystem.
 GUESTBIN := $(CURDIR)/$(BIN)/guest
 test-ipvs:
+	hack/controlplane/build.sh
 	mkdir -p $(GUESTBIN)
 	$(GO) test -c -tags netns -o $(GUESTBIN)/netns.test ./test/netns/
 	$(GO) test -c -tags netns -o $(GUESTBIN)/app.test ./pkg/app/
-	DSPROXY_REQUIRE_IPVS=1 hack/guest/run.sh -e DSPROXY_REQUIRE_IPVS -- hack/guest/test-ipvs.sh $(GUESTBIN)
+	$(GO) test -c -tags e2e,netns -o $(GUESTBIN)/e2e.test ./test/e2e/
+	$(GO) build -o $(GUESTBIN)/dsproxy ./cmd/dsproxy
+	DSPROXY_REQUIRE_IPVS=1 hack/guest/run.sh -m 4096 -e DSPROXY_REQUIRE_IPVS -- hack/guest/test-ipvs.sh $(GUESTBIN)
 
 # End-to-end: a real etcd + kube-apiserver + kube-controller-manager (built once
 # from the Go module proxy and cached) in a network namespace, dsproxy in another.

@@ -2,7 +2,9 @@
 # The IPVS mode's kernel tests, run inside the guest by `make test-ipvs`:
 #   hack/guest/run.sh -e DSPROXY_REQUIRE_IPVS -- hack/guest/test-ipvs.sh BINDIR
 # BINDIR holds netns.test (./test/netns) and app.test (./pkg/app), built with
-# -tags netns on the host.
+# -tags netns on the host, and e2e.test (./test/e2e, -tags e2e,netns) with the
+# dsproxy binary it runs; the control plane's binaries come from the host's cache
+# (hack/controlplane/build.sh).
 set -euo pipefail
 bin=$1
 root=$(pwd)
@@ -11,3 +13,5 @@ cd "$root/test/netns"
 "$bin/netns.test" -test.count=1 -test.v -test.run '^TestIPVS'
 cd "$root/pkg/app"
 "$bin/app.test" -test.count=1 -test.v -test.run '^TestCleanupOtherModeIPVS$'
+cd "$root/test/e2e"
+DSPROXY_E2E_BIN=$bin/dsproxy "$bin/e2e.test" -test.count=1 -test.v -test.run '^TestIPVSMode$' -test.timeout 20m

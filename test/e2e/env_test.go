@@ -104,6 +104,12 @@ func (p *proc) exited() bool {
 
 func newEnv(t *testing.T, podNames ...string) *env {
 	t.Helper()
+	return newEnvArgs(t, nil, podNames...)
+}
+
+// newEnvArgs is newEnv with more flags for dsproxy (e.g. --proxy-mode).
+func newEnvArgs(t *testing.T, args []string, podNames ...string) *env {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("e2e tests need root (network namespaces)")
 	}
@@ -111,7 +117,7 @@ func newEnv(t *testing.T, podNames ...string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{root: root, pods: map[string]*netns.NS{}}
+	e := &env{root: root, pods: map[string]*netns.NS{}, args: args}
 	e.dir, err = os.MkdirTemp("", "dsproxy-e2e-")
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,100 @@
+//go:build e2e && netns
+
+package e2e
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dsproxy/dsproxy/pkg/ipvs"
+	"github.com/dsproxy/dsproxy/test/netns"
+)
+
+// TestIPVSMode runs the real binary in IPVS mode against the real control
+// plane: a dual-stack NodePort Service is served on both families' ClusterIPs
+// (TestProxy's fixture checks every pod is reached, through dsproxy-ipvs0 and
+// IPVS), follows a scale-up and an endpoint going unready, and a restart in
+// nftables mode replaces IPVS without failing a new connection and removes the
+// IPVS mode's state. The machine's kernel has no IPVS: make test-ipvs runs this
+// in a guest kernel that has it.
+func TestIPVSMode(t *testing.T) {
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		if os.Getenv("DSPROXY_REQUIRE_IPVS") != "" {
+			t.Fatal("DSPROXY_REQUIRE_IPVS is set and the kernel has no IPVS")
+		}
+		t.Skip("the kernel has no IPVS: make test-ipvs runs this in a guest kernel that has it")
+	}
+	e := newEnvArgs(t, []string{"--proxy-mode", "ipvs"}, "v1", "v2", "v3")
+	sel := map[string]string{"app": "ipvs"}
+	vips, targets, _ := e.trafficFixture(t, sel, corev1.ServiceTypeNodePort, "v1", "v2")
+	// ipvsState reports the node's IPVS virtual servers and whether dsproxy-ipvs0
+	// exists, and whether dsproxy's nftables tables do.
+	ipvsState := func() (vs int, link, nftTables bool) {
+		out, _ := netns.Exec(e.c.Node, "cat", "/proc/net/ip_vs")
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "TCP ") || strings.HasPrefix(l, "UDP ") {
+				vs++
+			}
+		}
+		_, err := netns.Exec(e.c.Node, "ip", "link", "show", ipvs.LinkName)
+		out, _ = netns.Exec(e.c.Node, "nft", "list", "tables")
+		return vs, err == nil, strings.Contains(out, "dsproxy")
+	}
+	if vs, link, nft := ipvsState(); vs == 0 || !link || nft {
+		e.fatalf(t, "in IPVS mode: %d virtual servers, %s present %v, nftables tables present %v", vs, ipvs.LinkName, link, nft)
+	}
+	e.addPods(t, sel, true, "v3")
+	took, err := waitBackends(e.c.Node, vips, []string{"v1", "v2", "v3"}, converge)
+	if err != nil {
+		e.fatalf(t, "IPVS mode does not follow a scale-up: %v", err)
+	}
+	t.Logf("IPVS mode followed a scale-up in %v", took.Round(time.Millisecond))
+	e.setReady(t, false, "v1")
+	if _, err := waitBackends(e.c.Node, vips, []string{"v2", "v3"}, converge); err != nil {
+		e.fatalf(t, "IPVS mode does not follow an endpoint going unready: %v", err)
+	}
+
+	// New connections survive the switch to nftables mode. Connections IPVS
+	// carries do not: their translation is IPVS's state, which the switch
+	// removes (kube-proxy's switch from IPVS mode drops them too).
+	pr := startProber(20*time.Millisecond, targets, nil)
+	time.Sleep(300 * time.Millisecond)
+	if err := e.cur().stop(); err != nil {
+		e.errorf(t, "dsproxy on SIGTERM: %v", err)
+	}
+	e.mu.Lock()
+	e.args = nil
+	e.mu.Unlock()
+	p := e.startDsproxy(t)
+	if err := p.waitLog(60*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`); err != nil {
+		e.errorf(t, "dsproxy in nftables mode: %v", err)
+	}
+	// The other mode's state goes once both families are programmed; give it
+	// long, for the guest kernel runs under software emulation.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		vs, link, nft := ipvsState()
+		if vs == 0 && !link && nft {
+			break
+		}
+		if time.Now().After(deadline) {
+			e.errorf(t, "after the switch to nftables mode: %d virtual servers, %s present %v, nftables tables present %v", vs, ipvs.LinkName, link, nft)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	dials, failures := pr.finish()
+	t.Logf("%d dials across the switch", dials)
+	if len(failures) > 0 {
+		e.errorf(t, "%d of %d new connections failed across the switch from IPVS mode:\n%s", len(failures), dials, strings.Join(failures, "\n"))
+	}
+	if _, err := waitBackends(e.c.Node, vips, []string{"v2", "v3"}, converge); err != nil {
+		e.errorf(t, "after the switch: %v", err)
+	}
+	e.checkAlive(t)
+}
