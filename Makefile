@@ -33,6 +33,7 @@ test-ipvs:
 	mkdir -p $(GUESTBIN)
 	$(GO) test -c -tags netns -o $(GUESTBIN)/netns.test ./test/netns/
 	$(GO) test -c -tags netns -o $(GUESTBIN)/app.test ./pkg/app/
+	$(GO) test -c -tags netns -o $(GUESTBIN)/ipvs.test ./pkg/ipvs/
 	$(GO) test -c -tags e2e,netns -o $(GUESTBIN)/e2e.test ./test/e2e/
 	$(GO) build -o $(GUESTBIN)/dsproxy ./cmd/dsproxy
 	DSPROXY_REQUIRE_IPVS=1 hack/guest/run.sh -m 4096 -e DSPROXY_REQUIRE_IPVS -- hack/guest/test-ipvs.sh $(GUESTBIN)

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The IPVS mode's kernel tests, run inside the guest by `make test-ipvs`:
 #   hack/guest/run.sh -e DSPROXY_REQUIRE_IPVS -- hack/guest/test-ipvs.sh BINDIR
-# BINDIR holds netns.test (./test/netns) and app.test (./pkg/app), built with
-# -tags netns on the host, and e2e.test (./test/e2e, -tags e2e,netns) with the
-# dsproxy binary it runs; the control plane's binaries come from the host's cache
-# (hack/controlplane/build.sh).
+# BINDIR holds netns.test (./test/netns), ipvs.test (./pkg/ipvs) and app.test
+# (./pkg/app), built with -tags netns on the host, and e2e.test (./test/e2e,
+# -tags e2e,netns) with the dsproxy binary it runs; the control plane's binaries
+# come from the host's cache (hack/controlplane/build.sh).
 set -euo pipefail
 bin=$1
 root=$(pwd)
 cd "$root/test/netns"
 "$bin/netns.test" -test.count=1 -test.run '^(TestProxierServices|TestProxierEndpointChurn|TestProxierRestartWithoutDrop)$/^ipvs$'
 "$bin/netns.test" -test.count=1 -test.v -test.run '^TestIPVS'
+cd "$root/pkg/ipvs"
+"$bin/ipvs.test" -test.count=1 -test.v
 cd "$root/pkg/app"
 "$bin/app.test" -test.count=1 -test.v -test.run '^TestCleanupOtherModeIPVS$'
 cd "$root/test/e2e"

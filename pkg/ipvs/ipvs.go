@@ -531,30 +531,26 @@ func SetSysctl(name, value string) error {
 
 // HostAddrs lists the addresses of the host's interfaces but the dummy link's,
 // for NodePorts (nodeport.AddrLister): Service addresses are not NodePort
-// addresses.
+// addresses. It is one address dump, as the proxier lists them every sync.
 type HostAddrs struct{}
 
 // InterfaceAddrs implements nodeport.AddrLister.
 func (HostAddrs) InterfaceAddrs() ([]netip.Addr, error) {
-	ifs, err := net.Interfaces()
+	skip := -1
+	if l, err := netlink.LinkByName(LinkName); err == nil {
+		skip = l.Attrs().Index
+	}
+	as, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, err
 	}
-	var out []netip.Addr
-	for _, ifc := range ifs {
-		if ifc.Name == LinkName {
+	out := make([]netip.Addr, 0, len(as))
+	for _, a := range as {
+		if a.LinkIndex == skip {
 			continue
 		}
-		as, err := ifc.Addrs()
-		if err != nil {
-			return nil, err
-		}
-		for _, a := range as {
-			if n, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(n.IP); ok {
-					out = append(out, ip.Unmap())
-				}
-			}
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out = append(out, ip.Unmap())
 		}
 	}
 	return out, nil

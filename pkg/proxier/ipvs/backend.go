@@ -634,7 +634,7 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	for _, a := range addrs {
 		bound[a] = true
 	}
-	sets := b.opts.IPSetLoaded == nil || b.opts.IPSetLoaded()
+	sets := b.opts.IPSetLoaded()
 	if sets {
 		for _, s := range []setID{setExternal, setExternalLocal} {
 			entries, _, err := b.k.Entries(setName(b.f, s))
