@@ -25,9 +25,10 @@ const KubeProxyTable = "kube-proxy"
 // Cleanup removes everything dsproxy created in both families and all of its
 // modes (its nftables tables, its DSPROXY- iptables chains, its IPVS mode's
 // virtual servers, dsproxy-ipvs0, ipsets and DSIPVS- chains), and with kubeProxy
-// also kube-proxy's state from either of its modes: its nftables tables and its
-// iptables KUBE- chains and the rules jumping to them. Missing state is not an
-// error.
+// also kube-proxy's state from any of its modes: its nftables tables, its
+// iptables KUBE- chains and the rules jumping to them, and its IPVS mode's
+// virtual servers (every one, as kube-proxy's own cleanup), kube-ipvs0 and KUBE-
+// ipsets. Missing state is not an error.
 func Cleanup(ctx context.Context, kubeProxy bool) error {
 	k, err := nft.NewNetlink()
 	if err != nil {
@@ -56,6 +57,9 @@ func Cleanup(ctx context.Context, kubeProxy bool) error {
 	}
 	if kubeProxy {
 		if err := cleanupKubeProxyIPTables(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		if err := cleanupKubeProxyIPVS(ctx); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -287,3 +287,62 @@ func testCleanupOtherModeIPVS(t *testing.T, ns vnetns.NsHandle) {
 		t.Errorf("ipvs mode (nft)'s cleanup left %+v, want only its 2 virtual servers and its nft chains", l)
 	}
 }
+
+// TestCleanupKubeProxyIPVS leaves what kube-proxy's IPVS mode leaves (virtual
+// servers, kube-ipvs0, a KUBE- ipset) beside someone else's ipset, and checks
+// that --cleanup-kube-proxy's IPVS part removes kube-proxy's and keeps the other.
+func TestCleanupKubeProxyIPVS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		if os.Getenv("DSPROXY_REQUIRE_IPVS") != "" {
+			t.Fatal("DSPROXY_REQUIRE_IPVS is set and the kernel has no IPVS")
+		}
+		t.Skip("the kernel has no IPVS: make test-ipvs runs this in a guest kernel that has it")
+	}
+	inNewNetns(t, func(t *testing.T, _ vnetns.NsHandle) {
+		for _, cmd := range [][]string{
+			{"ip", "link", "add", kubeProxyIPVSLink, "type", "dummy"},
+			{"ip", "addr", "add", "10.96.0.10/32", "dev", kubeProxyIPVSLink},
+			{"ipset", "create", "KUBE-CLUSTER-IP", "hash:ip,port"},
+			{"ipset", "add", "KUBE-CLUSTER-IP", "10.96.0.10,tcp:80"},
+			{"ipset", "create", "someone-else", "hash:ip"},
+		} {
+			if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+				t.Errorf("%v: %v %s", cmd, err, out)
+				return
+			}
+		}
+		for _, f := range family.All {
+			k, err := ipvs.Open(f, "", true)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			a := netip.MustParseAddr("10.96.0.10")
+			if f == family.IPv6 {
+				a = netip.MustParseAddr("fd00:96::10")
+			}
+			err = k.AddService(ipvs.Service{Key: ipvs.Key{Addr: a, Proto: 6, Port: 80}, Scheduler: "rr"})
+			k.Close()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+		}
+		if err := cleanupKubeProxyIPVS(context.Background()); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		if out, err := os.ReadFile("/proc/net/ip_vs"); err != nil || strings.Contains(string(out), "TCP") {
+			t.Errorf("virtual servers left: %v\n%s", err, out)
+		}
+		if out, err := exec.Command("ip", "link", "show", kubeProxyIPVSLink).CombinedOutput(); err == nil {
+			t.Errorf("%s left:\n%s", kubeProxyIPVSLink, out)
+		}
+		out, err := exec.Command("ipset", "list", "-n").CombinedOutput()
+		if err != nil || strings.Contains(string(out), "KUBE-") || !strings.Contains(string(out), "someone-else") {
+			t.Errorf("ipsets after cleanup (want someone-else only): %v\n%s", err, out)
+		}
+	})
+}
