@@ -1,0 +1,62 @@
+// Package ipvs is dsproxy's IPVS backend: one family's Services as IPVS virtual
+// servers, in the shape of kube-proxy's IPVS mode, programmed through pkg/ipvs
+// (netlink) and a fixed iptables ruleset.
+//
+// Per service port and family:
+//
+//	IPVS virtual server (masquerading real servers, weight 1, --ipvs-scheduler;
+//	ClientIP affinity as persistence with the affinity timeout):
+//	  <clusterIP>:<port>                     real servers: the internal endpoints
+//	  <externalIP or VIP>:<port>             real servers: the external endpoints
+//	  <each NodePort address>:<nodePort>     real servers: the external endpoints
+//	  (no endpoints: no virtual server; the filter rules refuse or drop instead of
+//	  IPVS, whose own ICMP error a local TCP client takes as soft)
+//	dsproxy-ipvs0 (dummy link, up):          the ClusterIP, ExternalIPs and VIPs
+//	ipsets (DSIPVS-<name>, IPv6 DSIPVS6-<name>):
+//	  CLUSTER-IP          clusterIP,proto:port
+//	  EXTERNAL            external address,proto:port, traffic policy Cluster
+//	  EXTERNAL-LOCAL      the same, traffic policy Local
+//	  FIREWALL            VIP,proto:port with loadBalancerSourceRanges
+//	  SOURCE-RANGES       VIP,proto:port,allowed range
+//	  LOOP-BACK           local endpoint,proto:port,endpoint (hairpin)
+//	  NO-ENDPOINTS        address,proto:port of ports without endpoints anywhere
+//	  NO-LOCAL-ENDPOINTS  ... with endpoints on other nodes only (traffic policy Local)
+//	  IPS                 every address on dsproxy-ipvs0
+//	  HEALTH-CHECK        NodePort address,tcp:health check node port
+//	  RESERVED            NodePort address,proto:port the other family holds
+//
+// The iptables rules (chains DSIPVS-*) depend on node settings only:
+//
+//	nat:
+//	  PREROUTING, OUTPUT: -j DSIPVS-SERVICES
+//	  POSTROUTING:        -j DSIPVS-POSTROUTING
+//	  DSIPVS-SERVICES:    CLUSTER-IP dst,dst -j DSIPVS-MASQ-NONLOCAL (masqueradeAll: -j DSIPVS-MARK-MASQ)
+//	                      EXTERNAL dst,dst -j DSIPVS-MARK-MASQ
+//	  DSIPVS-MASQ-NONLOCAL: <from local pods> -j RETURN; -j DSIPVS-MARK-MASQ
+//	  DSIPVS-MARK-MASQ:   -j MARK --or-mark <masquerade bit>
+//	  DSIPVS-POSTROUTING: LOOP-BACK dst,dst,src MASQUERADE; unmarked RETURN; clear the bit; MASQUERADE
+//	filter (INPUT runs before IPVS takes a packet, so it sees the Service address):
+//	  INPUT:   -j DSIPVS-INPUT
+//	  DSIPVS-INPUT:   FIREWALL dst,dst and not SOURCE-RANGES dst,dst,src DROP
+//	                  NO-ENDPOINTS REJECT (TCP reset); NO-LOCAL-ENDPOINTS DROP
+//	                  CLUSTER-IP, EXTERNAL, EXTERNAL-LOCAL RETURN; HEALTH-CHECK ACCEPT
+//	                  new connections to IPS (any other port) REJECT
+//	                  new connections to RESERVED REJECT
+//	  FORWARD: -j DSIPVS-FORWARD: ct INVALID DROP; -d <service CIDR> not in IPS DROP;
+//	           marked ACCEPT; ESTABLISHED,RELATED ACCEPT
+//	  OUTPUT:  -j DSIPVS-OUTPUT: -d <service CIDR> not in IPS DROP
+//
+// Each sync changes only what its changed ports changed: the backend keeps, per
+// port, the virtual servers, members and addresses it rendered, with a count per
+// member and address (ports of one Service share addresses), and makes the
+// netlink requests for virtual servers whose wanted state changed and for members
+// and addresses whose count crossed zero. A full sync (the first, one after a
+// failure, a node change) lists the kernel's virtual servers, real servers,
+// members and addresses, counts what differs from what the backend believed as
+// repairs, and writes the iptables ruleset. As in kube-proxy, every virtual
+// server of the family outside --ipvs-exclude-cidrs is the backend's.
+//
+// A TCP or SCTP real server whose endpoint went while it had connections is
+// drained, as kube-proxy does: weight 0, so it gets no new connection, and deleted
+// by a later sync or periodic check once IPVS counts no connection on it.
+package ipvs
