@@ -21,7 +21,11 @@ fi
 if [ ! -f kernel.ok ]; then
 	rm -rf k ./*.deb
 	# The meta package names the current image package (linux-image-6.1.0-N-amd64).
-	img=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
+	img=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
+	if [ -z "$img" ]; then
+		apt-get update -qq
+		img=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
+	fi
 	[ -n "$img" ] || { echo "prepare.sh: no linux-image package in apt's lists" >&2; exit 1; }
 	apt-get download "$img" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
 	dpkg-deb -x "$img"_*.deb k

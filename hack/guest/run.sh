@@ -32,7 +32,7 @@ printf '%q ' "$@" >"$out/cmd"
 echo >>"$out/cmd"
 timeout --foreground "${DSPROXY_GUEST_TIMEOUT:-3600}" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m "$mem" \
 	-kernel "$cache/k/boot/vmlinuz-$kver" -initrd "$cache/initrd.cpio.gz" \
-	-append "console=ttyS0 quiet loglevel=3 panic=-1 ipv6.disable=0" \
+	-append "console=ttyS0 quiet loglevel=3 panic=-1 dsproxy.cache=$cache" \
 	-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
 	-virtfs local,path="$out",mount_tag=out,security_model=none \
 	-nographic -no-reboot -nic none </dev/null
