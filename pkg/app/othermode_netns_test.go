@@ -43,6 +43,43 @@ func oneServiceSync(f *family.Family) *proxier.SyncRequest {
 	return &proxier.SyncRequest{Full: true, State: st, Changed: []model.ServicePortName{name}, Node: &proxier.NodeConfig{Family: f}, NodeChanged: true}
 }
 
+// programMode programs oneServiceSync in both families with mode's backend (of
+// iptables flavour fl in the iptables and ipvs modes) in the calling thread's
+// network namespace, and reports whether it succeeded.
+func programMode(t *testing.T, k nft.Kernel, mode config.ProxyMode, fl ipt.Flavor) bool {
+	ctx := context.Background()
+	for _, f := range family.All {
+		var b proxier.Backend = nftables.New(f, k, nftables.Options{})
+		if mode != config.ModeNFTables {
+			r, err := ipt.New(f, fl)
+			if err != nil {
+				t.Error(err)
+				return false
+			}
+			switch mode {
+			case config.ModeIPTables:
+				if b, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14}); err != nil {
+					t.Error(err)
+					return false
+				}
+			case config.ModeIPVS:
+				kv, err := ipvs.Open(f, "", true)
+				if err != nil {
+					t.Error(err)
+					return false
+				}
+				defer kv.Close()
+				b = ipvsbackend.New(f, kv, r, ipvsbackend.Options{MasqueradeBit: 14})
+			}
+		}
+		if _, err := b.Sync(ctx, oneServiceSync(f)); err != nil {
+			t.Errorf("%s %s sync: %v", mode, f, err)
+			return false
+		}
+	}
+	return true
+}
+
 // TestCleanupOtherMode programs one Service with both backends (the iptables one
 // in both flavours) in a fresh network namespace and checks that starting in one
 // mode removes the other mode's rules, and in iptables mode the other flavour's,
@@ -92,27 +129,7 @@ func testCleanupOtherMode(t *testing.T, ns vnetns.NsHandle) {
 		return
 	}
 	defer k.Close()
-	program := func(mode config.ProxyMode, fl ipt.Flavor) bool {
-		for _, f := range family.All {
-			var b proxier.Backend = nftables.New(f, k, nftables.Options{})
-			if mode == config.ModeIPTables {
-				r, err := ipt.New(f, fl)
-				if err != nil {
-					t.Error(err)
-					return false
-				}
-				if b, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14}); err != nil {
-					t.Error(err)
-					return false
-				}
-			}
-			if _, err := b.Sync(ctx, oneServiceSync(f)); err != nil {
-				t.Errorf("%s %s sync: %v", mode, f, err)
-				return false
-			}
-		}
-		return true
-	}
+	program := func(mode config.ProxyMode, fl ipt.Flavor) bool { return programMode(t, k, mode, fl) }
 	nftTables := func() int {
 		n := 0
 		for _, f := range family.All {
@@ -191,36 +208,7 @@ func testCleanupOtherModeIPVS(t *testing.T, ns vnetns.NsHandle) {
 		return
 	}
 	defer k.Close()
-	program := func(mode config.ProxyMode, fl ipt.Flavor) bool {
-		for _, f := range family.All {
-			var b proxier.Backend = nftables.New(f, k, nftables.Options{})
-			r, err := ipt.New(f, fl)
-			if err != nil {
-				t.Error(err)
-				return false
-			}
-			switch mode {
-			case config.ModeIPTables:
-				if b, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14}); err != nil {
-					t.Error(err)
-					return false
-				}
-			case config.ModeIPVS:
-				kv, err := ipvs.Open(f, "", true)
-				if err != nil {
-					t.Error(err)
-					return false
-				}
-				defer kv.Close()
-				b = ipvsbackend.New(f, kv, r, ipvsbackend.Options{MasqueradeBit: 14})
-			}
-			if _, err := b.Sync(ctx, oneServiceSync(f)); err != nil {
-				t.Errorf("%s %s sync: %v", mode, f, err)
-				return false
-			}
-		}
-		return true
-	}
+	program := func(mode config.ProxyMode, fl ipt.Flavor) bool { return programMode(t, k, mode, fl) }
 	// count is what is left of a mode: nftables tables, DSPROXY- chains (both
 	// flavours), the IPVS mode's virtual servers and its DSIPVS- chains per flavour.
 	type left struct{ tables, iptChains, vs, ipvsNFT, ipvsLegacy int }

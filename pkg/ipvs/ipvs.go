@@ -39,14 +39,12 @@ func (k Key) String() string {
 	return fmt.Sprintf("%s/%s", protoName(k.Proto), netip.AddrPortFrom(k.Addr, k.Port))
 }
 
+// protoNames names the protocols of Services.
+var protoNames = map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp"}
+
 func protoName(p uint8) string {
-	switch p {
-	case unix.IPPROTO_TCP:
-		return "tcp"
-	case unix.IPPROTO_UDP:
-		return "udp"
-	case unix.IPPROTO_SCTP:
-		return "sctp"
+	if n, ok := protoNames[p]; ok {
+		return n
 	}
 	return strconv.Itoa(int(p))
 }

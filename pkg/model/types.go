@@ -195,3 +195,17 @@ func skipf(object, field, format string, args ...any) *SkipError {
 func indexField(prefix string, i int, suffix string) string {
 	return prefix + "[" + strconv.Itoa(i) + "]" + suffix
 }
+
+// ProtoNumber is the IP protocol number of a Service protocol (TCP 6, UDP 17,
+// SCTP 132), 0 for any other.
+func ProtoNumber(p v1.Protocol) uint8 {
+	switch p {
+	case v1.ProtocolTCP:
+		return 6
+	case v1.ProtocolUDP:
+		return 17
+	case v1.ProtocolSCTP:
+		return 132
+	}
+	return 0
+}

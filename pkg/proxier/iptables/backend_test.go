@@ -13,8 +13,8 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/dsproxy/dsproxy/internal/porttest"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
@@ -81,49 +81,15 @@ func (r *fakeRunner) HasRandomFully() bool { return true }
 
 func (r *fakeRunner) last() string { return r.restores[len(r.restores)-1] }
 
-func portName(svc string) model.ServicePortName {
-	return model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: svc}, Port: "p", Protocol: v1.ProtocolTCP}
-}
+// The unit tests' service ports, states and node (internal/porttest).
+var (
+	portName = porttest.Name
+	addr     = porttest.Addr
+	port     = porttest.Port
+	state    = porttest.State
+)
 
-func addr(f *family.Family, v4, v6 string) netip.Addr {
-	if f == family.IPv6 {
-		return netip.MustParseAddr(v6)
-	}
-	return netip.MustParseAddr(v4)
-}
-
-// port is a ClusterIP port of Service svc (10.96.0.n / fd00:96::n) with endpoints
-// 10.64.0.e:8080 (fd00:64::e) for each e.
-func port(f *family.Family, svc string, n int, eps ...int) *model.PortState {
-	ps := &model.PortState{ServicePort: &model.ServicePort{
-		Name: portName(svc), ClusterIP: addr(f, fmt.Sprintf("10.96.0.%d", n), fmt.Sprintf("fd00:96::%d", n)),
-		Port: 80, Protocol: v1.ProtocolTCP,
-	}}
-	for _, e := range eps {
-		ps.Cluster = append(ps.Cluster, model.Endpoint{
-			Addr: addr(f, fmt.Sprintf("10.64.0.%d", e), fmt.Sprintf("fd00:64::%d", e)), Port: 8080, Ready: true, Serving: true,
-		})
-	}
-	ps.HasAny = len(eps) > 0
-	return ps
-}
-
-func node(f *family.Family) *proxier.NodeConfig {
-	return &proxier.NodeConfig{
-		Family: f, NodeIP: addr(f, "192.0.2.1", "2001:db8::1"),
-		NodePortAddresses: nodeport.Addresses{Family: f, MatchAll: true},
-		ServiceCIDRs:      []netip.Prefix{netip.PrefixFrom(addr(f, "10.96.0.0", "fd00:96::"), map[int]int{32: 16, 128: 112}[f.BitLen])},
-		Local:             proxier.LocalDetector{Mode: proxier.LocalModeClusterCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.64.0.0/16"), netip.MustParsePrefix("fd00:64::/48")}},
-	}
-}
-
-func state(ports ...*model.PortState) *model.State {
-	st := model.NewState()
-	for _, p := range ports {
-		st.Ports[p.Name] = p
-	}
-	return st
-}
+func node(f *family.Family) *proxier.NodeConfig { return porttest.Node(f) }
 
 func newBackend(t *testing.T, f *family.Family) (*Backend, *fakeRunner) {
 	t.Helper()

@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/dsproxy/dsproxy/internal/porttest"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/model"
@@ -207,48 +207,17 @@ func (r *fakeRunner) EnsureRule(table, chain string, rule ...string) (bool, erro
 }
 func (r *fakeRunner) HasRandomFully() bool { return true }
 
-func portName(svc string) model.ServicePortName {
-	return model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: svc}, Port: "p", Protocol: v1.ProtocolTCP}
-}
+// The unit tests' service ports and states (internal/porttest).
+var (
+	portName = porttest.Name
+	addr     = porttest.Addr
+	port     = porttest.Port
+	state    = porttest.State
+)
 
-func addr(f *family.Family, v4, v6 string) netip.Addr {
-	if f == family.IPv6 {
-		return netip.MustParseAddr(v6)
-	}
-	return netip.MustParseAddr(v4)
-}
-
-// port is a ClusterIP port of Service svc (10.96.0.n / fd00:96::n) with endpoints
-// 10.64.0.e:8080 (fd00:64::e) for each e.
-func port(f *family.Family, svc string, n int, eps ...int) *model.PortState {
-	ps := &model.PortState{ServicePort: &model.ServicePort{
-		Name: portName(svc), ClusterIP: addr(f, fmt.Sprintf("10.96.0.%d", n), fmt.Sprintf("fd00:96::%d", n)),
-		Port: 80, Protocol: v1.ProtocolTCP,
-	}}
-	for _, e := range eps {
-		ps.Cluster = append(ps.Cluster, model.Endpoint{
-			Addr: addr(f, fmt.Sprintf("10.64.0.%d", e), fmt.Sprintf("fd00:64::%d", e)), Port: 8080, Ready: true, Serving: true,
-		})
-	}
-	ps.HasAny = len(eps) > 0
-	return ps
-}
-
+// node is porttest's node with two NodePort addresses.
 func node(f *family.Family) *proxier.NodeConfig {
-	return &proxier.NodeConfig{
-		Family: f, NodeIP: addr(f, "192.0.2.1", "2001:db8::1"),
-		NodePortAddresses: nodeport.Addresses{Family: f, MatchAll: true, Addrs: []netip.Addr{addr(f, "192.0.2.1", "2001:db8::1"), addr(f, "198.51.100.1", "2001:db8:1::1")}},
-		ServiceCIDRs:      []netip.Prefix{netip.PrefixFrom(addr(f, "10.96.0.0", "fd00:96::"), map[int]int{32: 16, 128: 112}[f.BitLen])},
-		Local:             proxier.LocalDetector{Mode: proxier.LocalModeClusterCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.64.0.0/16"), netip.MustParsePrefix("fd00:64::/48")}},
-	}
-}
-
-func state(ports ...*model.PortState) *model.State {
-	st := model.NewState()
-	for _, p := range ports {
-		st.Ports[p.Name] = p
-	}
-	return st
+	return porttest.Node(f, addr(f, "192.0.2.1", "2001:db8::1"), addr(f, "198.51.100.1", "2001:db8:1::1"))
 }
 
 func newBackend(f *family.Family, k *fakeKernel) *Backend {

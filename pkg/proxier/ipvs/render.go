@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"slices"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/model"
@@ -81,18 +79,6 @@ type objs struct {
 	addrs []netip.Addr
 }
 
-func protoNum(p v1.Protocol) uint8 {
-	switch p {
-	case v1.ProtocolTCP:
-		return 6
-	case v1.ProtocolUDP:
-		return 17
-	case v1.ProtocolSCTP:
-		return 132
-	}
-	return 0
-}
-
 // dests turns endpoints into real servers of weight 1, sorted and unique.
 func dests(eps []model.Endpoint) []ipvs.Dest {
 	out := make([]ipvs.Dest, 0, len(eps))
@@ -110,7 +96,7 @@ func cmpDest(a, b ipvs.Dest) int {
 // render returns what ps puts in the kernel.
 func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 	f := node.Family
-	proto := protoNum(ps.Protocol)
+	proto := model.ProtoNumber(ps.Protocol)
 	if proto == 0 {
 		return nil
 	}
@@ -216,7 +202,7 @@ func nodePortAddrs(node *proxier.NodeConfig) []netip.Addr {
 func renderNode(node *proxier.NodeConfig) *objs {
 	o := &objs{}
 	for _, k := range node.ReservedNodePorts {
-		if proto := protoNum(k.Protocol); proto != 0 {
+		if proto := model.ProtoNumber(k.Protocol); proto != 0 {
 			for _, a := range nodePortAddrs(node) {
 				o.members = append(o.members, member{setReserved, ipvs.Entry{IP: a, Proto: proto, Port: k.Port}})
 			}

@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"slices"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
@@ -22,18 +20,6 @@ import (
 // Every frontend has its own endpoint elements, index 0..N-1 (host-endian u32, as
 // numgen writes it); an ETP Local frontend also holds its short-circuit (cluster)
 // list at shortOffset+0..N-1.
-
-func protoNum(p v1.Protocol) uint8 {
-	switch p {
-	case v1.ProtocolTCP:
-		return 6
-	case v1.ProtocolUDP:
-		return 17
-	case v1.ProtocolSCTP:
-		return 132
-	}
-	return 0
-}
 
 func vipKey(a netip.Addr, proto uint8, port uint16) string {
 	return string(nft.Concat(nft.AddrBytes(a), nft.ProtoBytes(proto), nft.PortBytes(port)))
@@ -201,7 +187,7 @@ func (c *cache) contribs(rec *portRecord, replay bool, old portRecord) []contrib
 	if ps == nil {
 		return nil
 	}
-	b := &portBuilder{c: c, ps: ps, proto: protoNum(ps.Protocol), aff: ps.AffinitySeconds, rec: rec, replay: replay, old: old}
+	b := &portBuilder{c: c, ps: ps, proto: model.ProtoNumber(ps.Protocol), aff: ps.AffinitySeconds, rec: rec, replay: replay, old: old}
 	if b.proto == 0 || !c.x.f.Contains(ps.ClusterIP) {
 		if !replay {
 			rec.slots = [2][]netip.AddrPort{}
@@ -421,7 +407,7 @@ func nodeContribs(x exprs, node *proxier.NodeConfig) []contrib {
 		}
 	}
 	for _, k := range node.ReservedNodePorts {
-		if p := protoNum(k.Protocol); p != 0 && k.Port != 0 {
+		if p := model.ProtoNumber(k.Protocol); p != 0 && k.Port != 0 {
 			out = append(out, contrib{set: fixedKey(setReservedNodePorts), key: npKeyBytes(p, k.Port)})
 		}
 	}
