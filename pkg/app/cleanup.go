@@ -124,7 +124,8 @@ func (noIPTables) Save(context.Context, string) (string, error) { return "", nil
 func (noIPTables) EnsureRule(string, string, ...string) (bool, error) {
 	return false, errors.New("no iptables binaries")
 }
-func (noIPTables) HasRandomFully() bool { return false }
+func (noIPTables) ChainExists(string, string) (bool, error) { return false, nil }
+func (noIPTables) HasRandomFully() bool                     { return false }
 
 // forFlavors runs fn with f's runner of each flavour in flavors (none: the
 // nf_tables-backed and the legacy ones, or the plain iptables binaries where

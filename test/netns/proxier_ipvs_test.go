@@ -34,8 +34,8 @@ func (e *proxyNode) ipvsKernel(t *testing.T, f *family.Family) *ipvs.Kernel {
 // backend: a full sync on an untouched kernel repairs nothing; after someone
 // deletes a virtual server, unbinds a Service address, flushes an ipset or
 // deletes the nat POSTROUTING jump, traffic breaks and the next full sync
-// repairs it; after the dummy link is deleted, the next periodic check notices
-// and resyncs. Cleanup removes dsproxy's virtual servers, addresses, link, ipsets
+// repairs it; after a firewall reload or the dummy link's deletion, the next
+// periodic check notices and resyncs. Cleanup removes dsproxy's virtual servers, addresses, link, ipsets
 // and chains in both families and leaves others' alone.
 func TestIPVSRepairAndCleanup(t *testing.T) {
 	e := newProxyNodeMode(t, modeIPVS)
@@ -101,7 +101,18 @@ func TestIPVSRepairAndCleanup(t *testing.T) {
 					e.fatalf(t, "%s: the NodePort is still masqueraded (%v) after %s", f, r, what)
 				}
 			}, works)
-			// 5. Someone deletes the dummy link: the next periodic check notices.
+			// 5. A firewall reload empties the family's tables: the next periodic
+			// check notices the chains gone.
+			if out, err := ExecStdin(e.c.Node, strings.NewReader("*nat\nCOMMIT\n*filter\nCOMMIT\n"), f.IPTablesCommand+"-restore"); err != nil {
+				e.fatalf(t, "emptying the tables: %v %s", err, out)
+			}
+			e.expectRepair(t, f, "a firewall reload", false, func(t *testing.T, f *family.Family, what string) {
+				t.Helper()
+				if r, err := Dial(e.c.External, TCP, nodePort(f, TCP), pxDropWait); err == nil && r.ObservedSrc.Addr() == e.c.Node.IP(f) {
+					e.fatalf(t, "%s: the NodePort is still masqueraded (%v) after %s", f, r, what)
+				}
+			}, works)
+			// 6. Someone deletes the dummy link: the next periodic check notices.
 			if out, err := Exec(e.c.Node, "ip", "link", "del", ipvs.LinkName); err != nil {
 				e.fatalf(t, "deleting %s: %v %s", ipvs.LinkName, err, out)
 			}

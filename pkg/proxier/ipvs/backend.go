@@ -48,6 +48,7 @@ type Runner interface {
 	Restore(ctx context.Context, data []byte) error
 	Save(ctx context.Context, table string) (string, error)
 	EnsureRule(table, chain string, rule ...string) (bool, error)
+	ChainExists(table, chain string) (bool, error)
 	HasRandomFully() bool
 }
 
@@ -419,15 +420,21 @@ func (b *Backend) pruneDrained(res *proxier.SyncResult) {
 	}
 }
 
-// Flushed implements proxier.FlushDetector: the dummy link or an ipset gone
-// means someone removed dsproxy's state. It also deletes drained real servers
-// whose connections ended, since it runs on every periodic check.
+// Flushed implements proxier.FlushDetector: the dummy link, an ipset or one of
+// the chains gone (a firewall reload empties every table) means someone removed
+// dsproxy's state. It also deletes drained real servers whose connections ended,
+// since it runs on every periodic check.
 func (b *Backend) Flushed(ctx context.Context) bool {
 	if !b.synced {
 		return false
 	}
 	var res proxier.SyncResult
 	b.pruneDrained(&res)
+	for _, c := range [][2]string{{"nat", chainServices}, {"filter", chainInput}} {
+		if ok, err := b.r.ChainExists(c[0], c[1]); err == nil && !ok {
+			return true
+		}
+	}
 	for s := range numSets {
 		if _, ok, err := b.k.Entries(setName(b.f, s)); err == nil && !ok {
 			return true

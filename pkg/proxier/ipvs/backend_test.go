@@ -189,6 +189,12 @@ func (k *fakeKernel) dump() []string {
 type fakeRunner struct {
 	restored []string
 	jumps    map[string]bool
+	// flushed makes ChainExists say no (a firewall reload).
+	flushed bool
+}
+
+func (r *fakeRunner) ChainExists(string, string) (bool, error) {
+	return len(r.restored) > 0 && !r.flushed, nil
 }
 
 func (r *fakeRunner) Restore(_ context.Context, data []byte) error {
@@ -509,7 +515,7 @@ func TestDrain(t *testing.T) {
 	}
 }
 
-// TestFlushed: a deleted set or dummy link is noticed by the check.
+// TestFlushed: a deleted set, dummy link or chain is noticed by the check.
 func TestFlushed(t *testing.T) {
 	f := family.IPv6
 	k := newFake()
@@ -527,6 +533,11 @@ func TestFlushed(t *testing.T) {
 	k.link = false
 	if !b.Flushed(context.Background()) {
 		t.Fatal("a deleted dummy link went unnoticed")
+	}
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 1)), Node: node(f)})
+	b.r.(*fakeRunner).flushed = true
+	if !b.Flushed(context.Background()) {
+		t.Fatal("emptied iptables tables went unnoticed")
 	}
 }
 
