@@ -122,7 +122,9 @@ func (b *Backend) reset() {
 }
 
 // account adds (n = 1) or removes (n = -1) o's contributions, noting the virtual
-// servers, members and addresses whose presence may have changed.
+// servers whose wanted state may have changed, and for members and addresses
+// whether they were wanted before the first change (apply acts on those whose
+// presence changed).
 func (b *Backend) account(o *objs, n int, vs map[ipvs.Key]bool, ms map[member]bool, as map[netip.Addr]bool) {
 	if o == nil {
 		return
@@ -141,18 +143,22 @@ func (b *Backend) account(o *objs, n int, vs map[ipvs.Key]bool, ms map[member]bo
 		vs[k] = true
 	}
 	for _, m := range o.members {
+		if _, seen := ms[m]; !seen {
+			ms[m] = b.members[m] > 0
+		}
 		b.members[m] += n
 		if b.members[m] <= 0 {
 			delete(b.members, m)
 		}
-		ms[m] = true
 	}
 	for _, a := range o.addrs {
+		if _, seen := as[a]; !seen {
+			as[a] = b.addrs[a] > 0
+		}
 		b.addrs[a] += n
 		if b.addrs[a] <= 0 {
 			delete(b.addrs, a)
 		}
-		as[a] = true
 	}
 }
 
@@ -213,8 +219,10 @@ func (b *Backend) onlyReservedChanged(node *proxier.NodeConfig) bool {
 }
 
 // apply makes the kernel match the wanted state for the given virtual servers,
-// members and addresses, in an order that keeps traffic flowing: addresses and
-// members come before the virtual servers that need them and go after.
+// and for the members and addresses whose presence (the map's value: present in
+// the kernel, as far as the backend knows) differs from the wanted one, in an
+// order that keeps traffic flowing: addresses and members come before the
+// virtual servers that need them and go after.
 func (b *Backend) apply(res *proxier.SyncResult, vs map[ipvs.Key]bool, ms map[member]bool, as map[netip.Addr]bool) error {
 	var errs []error
 	op := func(err error) {
@@ -225,26 +233,26 @@ func (b *Backend) apply(res *proxier.SyncResult, vs map[ipvs.Key]bool, ms map[me
 	}
 	ipsSet := setName(b.f, setIPs)
 	for _, a := range sortedAddrs(as) {
-		if b.addrs[a] > 0 {
+		if b.addrs[a] > 0 && !as[a] {
 			op(b.k.AddAddr(a))
 			op(b.k.AddEntry(ipsSet, ipvs.Entry{IP: a}))
 		}
 	}
-	for m := range ms {
-		if b.members[m] > 0 {
+	for m, present := range ms {
+		if b.members[m] > 0 && !present {
 			op(b.k.AddEntry(setName(b.f, m.set), m.e))
 		}
 	}
 	for k := range vs {
 		errs = append(errs, b.syncVirtual(res, k))
 	}
-	for m := range ms {
-		if b.members[m] == 0 {
+	for m, present := range ms {
+		if b.members[m] == 0 && present {
 			op(b.k.DelEntry(setName(b.f, m.set), m.e))
 		}
 	}
 	for _, a := range sortedAddrs(as) {
-		if b.addrs[a] == 0 {
+		if b.addrs[a] == 0 && as[a] {
 			op(b.k.DelEntry(ipsSet, ipvs.Entry{IP: a}))
 			op(b.k.DelAddr(a))
 		}
@@ -297,79 +305,91 @@ func (b *Backend) syncDests(res *proxier.SyncResult, k ipvs.Key, want []ipvs.Des
 	var errs []error
 	var counts map[netip.AddrPort]ipvs.Dest
 	out := make([]ipvs.Dest, 0, len(want))
+	// keep records what the kernel holds after one step (nothing: a zero Dest).
+	keep := func(d ipvs.Dest, err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if d.Addr.IsValid() {
+			out = append(out, d)
+		}
+	}
 	i, j := 0, 0
 	for i < len(want) || j < len(have.dests) {
-		var c int
 		switch {
-		case i == len(want):
-			c = 1
-		case j == len(have.dests):
-			c = -1
-		default:
-			c = cmpDest(want[i], have.dests[j])
-		}
-		switch {
-		case c < 0:
-			res.Operations++
-			err := b.k.AddDest(k, want[i])
-			if err != nil && exists(err) {
-				err = b.k.UpdateDest(k, want[i])
-			}
-			if err != nil {
-				errs = append(errs, err)
-			} else {
-				out = append(out, want[i])
-			}
-			b.undrain(k, want[i])
+		case j == len(have.dests) || i < len(want) && cmpDest(want[i], have.dests[j]) < 0:
+			keep(b.addDest(res, k, want[i]))
 			i++
-		case c > 0:
-			d := have.dests[j]
+		case i == len(want) || cmpDest(want[i], have.dests[j]) > 0:
+			keep(b.removeDest(res, k, have.dests[j], &counts))
 			j++
-			if k.Proto != 17 && d.Weight != 0 {
-				if counts == nil {
-					counts = b.destCounts(k)
-				}
-				if c := counts[netip.AddrPortFrom(d.Addr, d.Port)]; c.Active+c.Inactive > 0 {
-					res.Operations++
-					d.Weight = 0
-					if err := b.k.UpdateDest(k, d); err != nil {
-						errs = append(errs, err)
-						continue
-					}
-					if b.draining[k] == nil {
-						b.draining[k] = map[ipvs.Dest]bool{}
-					}
-					b.draining[k][ipvs.Dest{Addr: d.Addr, Port: d.Port}] = true
-					out = append(out, d)
-					continue
-				}
-			}
-			if b.draining[k][ipvs.Dest{Addr: d.Addr, Port: d.Port}] {
-				out = append(out, d) // pruneDrained deletes it
-				continue
-			}
-			res.Operations++
-			if err := b.k.DelDest(k, d); err != nil {
-				errs = append(errs, err)
-				out = append(out, d)
-			}
 		default:
-			if want[i].Weight != have.dests[j].Weight {
-				res.Operations++
-				if err := b.k.UpdateDest(k, want[i]); err != nil {
-					errs = append(errs, err)
-					out = append(out, have.dests[j])
-					i, j = i+1, j+1
-					continue
-				}
-				b.undrain(k, want[i])
-			}
-			out = append(out, want[i])
+			keep(b.reweightDest(res, k, want[i], have.dests[j]))
 			i, j = i+1, j+1
 		}
 	}
 	have.dests = out
 	return errors.Join(errs...)
+}
+
+// addDest adds real server d to k (or sets its weight if it is there).
+func (b *Backend) addDest(res *proxier.SyncResult, k ipvs.Key, d ipvs.Dest) (ipvs.Dest, error) {
+	res.Operations++
+	err := b.k.AddDest(k, d)
+	if err != nil && exists(err) {
+		err = b.k.UpdateDest(k, d)
+	}
+	if err != nil {
+		return ipvs.Dest{}, err
+	}
+	b.undrain(k, d)
+	return d, nil
+}
+
+// reweightDest gives have, a real server the backend keeps, want's weight.
+func (b *Backend) reweightDest(res *proxier.SyncResult, k ipvs.Key, want, have ipvs.Dest) (ipvs.Dest, error) {
+	if want.Weight == have.Weight {
+		return want, nil
+	}
+	res.Operations++
+	if err := b.k.UpdateDest(k, want); err != nil {
+		return have, err
+	}
+	b.undrain(k, want)
+	return want, nil
+}
+
+// removeDest deletes real server d from k, or drains it (weight 0) when it is not
+// UDP and has connections; counts are the kernel's connection counts of k's real
+// servers, read on the first need.
+func (b *Backend) removeDest(res *proxier.SyncResult, k ipvs.Key, d ipvs.Dest, counts *map[netip.AddrPort]ipvs.Dest) (ipvs.Dest, error) {
+	key := ipvs.Dest{Addr: d.Addr, Port: d.Port}
+	if b.draining[k][key] {
+		return d, nil // pruneDrained deletes it
+	}
+	if k.Proto != unix.IPPROTO_UDP && d.Weight != 0 {
+		if *counts == nil {
+			*counts = b.destCounts(k)
+		}
+		if c := (*counts)[netip.AddrPortFrom(d.Addr, d.Port)]; c.Active+c.Inactive > 0 {
+			res.Operations++
+			drained := d
+			drained.Weight = 0
+			if err := b.k.UpdateDest(k, drained); err != nil {
+				return d, err
+			}
+			if b.draining[k] == nil {
+				b.draining[k] = map[ipvs.Dest]bool{}
+			}
+			b.draining[k][key] = true
+			return drained, nil
+		}
+	}
+	res.Operations++
+	if err := b.k.DelDest(k, d); err != nil {
+		return d, err
+	}
+	return ipvs.Dest{}, nil
 }
 
 func (b *Backend) undrain(k ipvs.Key, d ipvs.Dest) {
@@ -469,10 +489,35 @@ func (b *Backend) fullSync(ctx context.Context, req *proxier.SyncRequest, res *p
 	if err := b.setup(ctx, req.Node, res, wasSynced); err != nil {
 		return err
 	}
-	// The kernel's virtual servers with their real servers.
-	svcs, err := b.k.Services()
+	kernel, err := b.readVirtuals()
 	if err != nil {
 		return err
+	}
+	for k := range kernel {
+		vs[k] = true
+	}
+	if wasSynced {
+		res.Repairs += countVSDiff(belief, kernel)
+	}
+	b.have = kernel
+	if err := b.diffSets(res, ms, as, wasSynced, oldMembers, oldAddrs); err != nil {
+		return err
+	}
+	err = b.apply(res, vs, ms, as)
+	b.pruneDrained(res)
+	if err != nil {
+		return err
+	}
+	b.synced = true
+	return nil
+}
+
+// readVirtuals lists the kernel's virtual servers of the family (but those in
+// ExcludeCIDRs) with their real servers.
+func (b *Backend) readVirtuals() (map[ipvs.Key]*virtual, error) {
+	svcs, err := b.k.Services()
+	if err != nil {
+		return nil, err
 	}
 	kernel := make(map[ipvs.Key]*virtual, len(svcs))
 	for _, s := range svcs {
@@ -481,7 +526,7 @@ func (b *Backend) fullSync(ctx context.Context, req *proxier.SyncRequest, res *p
 		}
 		ds, err := b.k.Dests(s.Key)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		v := &virtual{svc: s}
 		for _, d := range ds {
@@ -489,14 +534,16 @@ func (b *Backend) fullSync(ctx context.Context, req *proxier.SyncRequest, res *p
 		}
 		slices.SortFunc(v.dests, cmpDest)
 		kernel[s.Key] = v
-		vs[s.Key] = true
 	}
-	if wasSynced {
-		res.Repairs += countVSDiff(belief, kernel)
-	}
-	b.have = kernel
-	// Members: every set's kernel entries against the wanted ones; the
-	// addresses, bound to the link and members of setIPs, go together.
+	return kernel, nil
+}
+
+// diffSets reads the kernel's ipset members and link addresses into ms and as
+// (present or not; the addresses, bound to the link and members of setIPs, go
+// together), for apply to change what differs from the wanted ones; differences
+// from the old counts are repairs when the kernel was synced before.
+func (b *Backend) diffSets(res *proxier.SyncResult, ms map[member]bool, as map[netip.Addr]bool,
+	wasSynced bool, oldMembers map[member]int, oldAddrs map[netip.Addr]int) error {
 	kmem := map[member]bool{}
 	for s := range numSets {
 		entries, _, err := b.k.Entries(setName(b.f, s))
@@ -514,38 +561,34 @@ func (b *Backend) fullSync(ctx context.Context, req *proxier.SyncRequest, res *p
 	bound := map[netip.Addr]bool{}
 	for _, a := range addrs {
 		bound[a] = true
-		as[a] = true
+		as[a] = false
 	}
 	for m := range kmem {
 		if m.set == setIPs {
-			as[m.e.IP] = true
+			as[m.e.IP] = false
 		} else {
-			ms[m] = true
+			ms[m] = false
 		}
 	}
 	for m := range ms {
 		if wasSynced && oldMembers[m] > 0 != kmem[m] {
 			res.Repairs++
 		}
-		if b.members[m] > 0 == kmem[m] {
-			delete(ms, m)
-		}
+		ms[m] = kmem[m]
 	}
 	for a := range as {
 		inIPs := kmem[member{setIPs, ipvs.Entry{IP: a}}]
 		if wasSynced && (oldAddrs[a] > 0 != bound[a] || oldAddrs[a] > 0 != inIPs) {
 			res.Repairs++
 		}
-		if wanted := b.addrs[a] > 0; wanted == bound[a] && wanted == inIPs {
-			delete(as, a)
+		// Present only when both are: a wanted address gets both (again), an
+		// unwanted one loses both.
+		if b.addrs[a] > 0 {
+			as[a] = bound[a] && inIPs
+		} else {
+			as[a] = bound[a] || inIPs
 		}
 	}
-	err = b.apply(res, vs, ms, as)
-	b.pruneDrained(res)
-	if err != nil {
-		return err
-	}
-	b.synced = true
 	return nil
 }
 
