@@ -49,7 +49,7 @@ type Daemon struct {
 	kernels  []*nft.Netlink
 	closers  []func()
 	// iptFlavor is the iptables flavour (nft or legacy) the node uses, detected
-	// once in iptables mode.
+	// once in the iptables and ipvs modes.
 	iptFlavor   ipt.Flavor
 	iptDetected bool
 	metrics     *metrics.Metrics
