@@ -49,7 +49,7 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if cfg.Cleanup || cfg.CleanupKubeProxy {
-		return app.Cleanup(ctx, cfg.CleanupKubeProxy)
+		return app.Cleanup(ctx, cfg.CleanupKubeProxy, cfg.IPVS.ExcludeCIDRs)
 	}
 	rc, err := app.RESTConfig(cfg)
 	if err != nil {

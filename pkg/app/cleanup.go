@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"k8s.io/klog/v2"
 
@@ -27,9 +28,14 @@ const KubeProxyTable = "kube-proxy"
 // virtual servers, dsproxy-ipvs0, ipsets and DSIPVS- chains), and with kubeProxy
 // also kube-proxy's state from any of its modes: its nftables tables, its
 // iptables KUBE- chains and the rules jumping to them, and its IPVS mode's
-// virtual servers (every one, as kube-proxy's own cleanup), kube-ipvs0 and KUBE-
-// ipsets. Missing state is not an error.
-func Cleanup(ctx context.Context, kubeProxy bool) error {
+// virtual servers (every one outside ipvsExclude, --ipvs-exclude-cidrs, as
+// kube-proxy's own cleanup), kube-ipvs0 and KUBE- ipsets. Missing state is not
+// an error.
+func Cleanup(ctx context.Context, kubeProxy bool, ipvsExclude []string) error {
+	exclude, err := parseExcludeCIDRs(ipvsExclude)
+	if err != nil {
+		return err
+	}
 	k, err := nft.NewNetlink()
 	if err != nil {
 		return fmt.Errorf("cleanup: opening netlink: %w", err)
@@ -59,11 +65,24 @@ func Cleanup(ctx context.Context, kubeProxy bool) error {
 		if err := cleanupKubeProxyIPTables(ctx); err != nil {
 			errs = append(errs, err)
 		}
-		if err := cleanupKubeProxyIPVS(ctx); err != nil {
+		if err := cleanupKubeProxyIPVS(ctx, exclude); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// parseExcludeCIDRs parses --ipvs-exclude-cidrs.
+func parseExcludeCIDRs(cidrs []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("--ipvs-exclude-cidrs: %w", err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // cleanupIPTablesMode removes the DSPROXY- chains of f's iptables mode from the

@@ -156,13 +156,9 @@ func (d *Daemon) iptablesRunner(f *family.Family) (*ipt.Runner, error) {
 // newIPVSBackend returns the family's IPVS-mode backend, with IPVS's timeouts
 // set (they are the namespace's, so the second family sets them again).
 func (d *Daemon) newIPVSBackend(f *family.Family) (proxier.Backend, error) {
-	var exclude []netip.Prefix
-	for _, c := range d.cfg.IPVS.ExcludeCIDRs {
-		p, err := netip.ParsePrefix(c)
-		if err != nil {
-			return nil, fmt.Errorf("--ipvs-exclude-cidrs: %w", err)
-		}
-		exclude = append(exclude, p.Masked())
+	exclude, err := parseExcludeCIDRs(d.cfg.IPVS.ExcludeCIDRs)
+	if err != nil {
+		return nil, err
 	}
 	r, err := d.iptablesRunner(f)
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -18,11 +20,11 @@ import (
 const kubeProxyIPVSLink = "kube-ipvs0"
 
 // cleanupKubeProxyIPVS removes what kube-proxy's IPVS mode leaves, as its own
-// --cleanup does: every IPVS virtual server of both families, the kube-ipvs0
-// link, and the KUBE- ipsets. It runs after the KUBE- chains are gone (a set a
+// --cleanup does: every IPVS virtual server of both families but those in
+// exclude (--ipvs-exclude-cidrs), the kube-ipvs0 link, and the KUBE- ipsets. It runs after the KUBE- chains are gone (a set a
 // rule uses cannot be destroyed), and loads neither IPVS nor ipset where they are
 // not loaded: then nothing of them can be left.
-func cleanupKubeProxyIPVS(_ context.Context) error {
+func cleanupKubeProxyIPVS(_ context.Context, exclude []netip.Prefix) error {
 	var errs []error
 	for _, f := range family.All {
 		k, err := ipvs.Open(f, "", false)
@@ -32,11 +34,16 @@ func cleanupKubeProxyIPVS(_ context.Context) error {
 		}
 		svcs, err := k.Services()
 		errs = append(errs, err)
+		n := 0
 		for _, s := range svcs {
+			if slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(s.Addr) }) {
+				continue
+			}
 			errs = append(errs, k.DelService(s.Key))
+			n++
 		}
-		if len(svcs) > 0 {
-			klog.InfoS("Removed IPVS virtual servers", "ipFamily", f.Name, "count", len(svcs))
+		if n > 0 {
+			klog.InfoS("Removed IPVS virtual servers", "ipFamily", f.Name, "count", n)
 		}
 		if f == family.IPv4 && ipvs.IPSetLoaded() {
 			sets, err := k.Sets()

@@ -277,8 +277,9 @@ func testCleanupOtherModeIPVS(t *testing.T, ns vnetns.NsHandle) {
 }
 
 // TestCleanupKubeProxyIPVS leaves what kube-proxy's IPVS mode leaves (virtual
-// servers, kube-ipvs0, a KUBE- ipset) beside someone else's ipset, and checks
-// that --cleanup-kube-proxy's IPVS part removes kube-proxy's and keeps the other.
+// servers, kube-ipvs0, a KUBE- ipset) beside someone else's ipset and a virtual
+// server in --ipvs-exclude-cidrs, and checks that --cleanup-kube-proxy's IPVS
+// part removes kube-proxy's and keeps the others.
 func TestCleanupKubeProxyIPVS(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -289,6 +290,8 @@ func TestCleanupKubeProxyIPVS(t *testing.T) {
 		}
 		t.Skip("the kernel has no IPVS: make test-ipvs runs this in a guest kernel that has it")
 	}
+	// In --ipvs-exclude-cidrs: cleanup keeps it.
+	kept := ipvs.Key{Addr: netip.MustParseAddr("172.16.0.5"), Proto: 6, Port: 443}
 	inNewNetns(t, func(t *testing.T, _ vnetns.NsHandle) {
 		for _, cmd := range [][]string{
 			{"ip", "link", "add", kubeProxyIPVSLink, "type", "dummy"},
@@ -313,17 +316,33 @@ func TestCleanupKubeProxyIPVS(t *testing.T) {
 				a = netip.MustParseAddr("fd00:96::10")
 			}
 			err = k.AddService(ipvs.Service{Key: ipvs.Key{Addr: a, Proto: 6, Port: 80}, Scheduler: "rr"})
+			if err == nil && f == family.IPv4 {
+				err = k.AddService(ipvs.Service{Key: kept, Scheduler: "rr"})
+			}
 			k.Close()
 			if err != nil {
 				t.Error(err)
 				return
 			}
 		}
-		if err := cleanupKubeProxyIPVS(context.Background()); err != nil {
+		if err := cleanupKubeProxyIPVS(context.Background(), []netip.Prefix{netip.MustParsePrefix("172.16.0.0/12")}); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
-		if out, err := os.ReadFile("/proc/net/ip_vs"); err != nil || strings.Contains(string(out), "TCP") {
-			t.Errorf("virtual servers left: %v\n%s", err, out)
+		for _, f := range family.All {
+			k, err := ipvs.Open(f, "", true)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			svcs, err := k.Services()
+			k.Close()
+			want := 0
+			if f == family.IPv4 {
+				want = 1
+			}
+			if err != nil || len(svcs) != want || want == 1 && svcs[0].Key != kept {
+				t.Errorf("%s: virtual servers left %v (%v), want only the excluded %s", f, svcs, err, kept)
+			}
 		}
 		if out, err := exec.Command("ip", "link", "show", kubeProxyIPVSLink).CombinedOutput(); err == nil {
 			t.Errorf("%s left:\n%s", kubeProxyIPVSLink, out)
