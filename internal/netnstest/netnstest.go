@@ -40,3 +40,17 @@ func New(t testing.TB) netns.NsHandle {
 	t.Cleanup(func() { ns.Close() })
 	return ns
 }
+
+// RequireIPVS skips the test when the kernel has no IPVS, unless
+// DSPROXY_REQUIRE_IPVS is set (make test-ipvs, in a guest kernel that has it),
+// when it fails instead.
+func RequireIPVS(t testing.TB) {
+	t.Helper()
+	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
+		return
+	}
+	if os.Getenv("DSPROXY_REQUIRE_IPVS") != "" {
+		t.Fatal("DSPROXY_REQUIRE_IPVS is set and the kernel has no IPVS (/proc/net/ip_vs)")
+	}
+	t.Skip("the kernel has no IPVS: make test-ipvs runs this in a guest kernel that has it")
+}

@@ -15,6 +15,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/dsproxy/dsproxy/internal/netnstest"
 	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
@@ -191,12 +192,7 @@ func TestCleanupOtherModeIPVS(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
-		if os.Getenv("DSPROXY_REQUIRE_IPVS") != "" {
-			t.Fatal("DSPROXY_REQUIRE_IPVS is set and the kernel has no IPVS")
-		}
-		t.Skip("the kernel has no IPVS: make test-ipvs runs this in a guest kernel that has it")
-	}
+	netnstest.RequireIPVS(t)
 	inNewNetns(t, testCleanupOtherModeIPVS)
 }
 
@@ -284,12 +280,7 @@ func TestCleanupKubeProxyIPVS(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
-	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
-		if os.Getenv("DSPROXY_REQUIRE_IPVS") != "" {
-			t.Fatal("DSPROXY_REQUIRE_IPVS is set and the kernel has no IPVS")
-		}
-		t.Skip("the kernel has no IPVS: make test-ipvs runs this in a guest kernel that has it")
-	}
+	netnstest.RequireIPVS(t)
 	// In --ipvs-exclude-cidrs: cleanup keeps it.
 	kept := ipvs.Key{Addr: netip.MustParseAddr("172.16.0.5"), Proto: 6, Port: 443}
 	inNewNetns(t, func(t *testing.T, _ vnetns.NsHandle) {

@@ -3,13 +3,13 @@
 package e2e
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dsproxy/dsproxy/internal/netnstest"
 	"github.com/dsproxy/dsproxy/pkg/ipvs"
 	"github.com/dsproxy/dsproxy/test/netns"
 )
@@ -22,12 +22,7 @@ import (
 // IPVS mode's state. The machine's kernel has no IPVS: make test-ipvs runs this
 // in a guest kernel that has it.
 func TestIPVSMode(t *testing.T) {
-	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
-		if os.Getenv("DSPROXY_REQUIRE_IPVS") != "" {
-			t.Fatal("DSPROXY_REQUIRE_IPVS is set and the kernel has no IPVS")
-		}
-		t.Skip("the kernel has no IPVS: make test-ipvs runs this in a guest kernel that has it")
-	}
+	netnstest.RequireIPVS(t)
 	e := newEnvArgs(t, []string{"--proxy-mode", "ipvs"}, "v1", "v2", "v3")
 	sel := map[string]string{"app": "ipvs"}
 	vips, targets, _ := e.trafficFixture(t, sel, corev1.ServiceTypeNodePort, "v1", "v2")

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -25,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
+	"github.com/dsproxy/dsproxy/internal/netnstest"
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/conntrack"
 	"github.com/dsproxy/dsproxy/pkg/endpointslice"
@@ -114,20 +114,6 @@ const (
 // proxyModes are the modes whose scenarios the harness runs.
 var proxyModes = []string{modeNFTables, modeIPTables, modeIPTablesLegacy, modeIPVS}
 
-// requireIPVS skips the test when the kernel has no IPVS, unless
-// DSPROXY_REQUIRE_IPVS is set (make test-ipvs, in a guest kernel that has it),
-// when it fails instead.
-func requireIPVS(t *testing.T) {
-	t.Helper()
-	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
-		return
-	}
-	if os.Getenv("DSPROXY_REQUIRE_IPVS") != "" {
-		t.Fatal("DSPROXY_REQUIRE_IPVS is set and the kernel has no IPVS (/proc/net/ip_vs)")
-	}
-	t.Skip("the kernel has no IPVS: make test-ipvs runs this in a guest kernel that has it")
-}
-
 // iptFlavor is the iptables flavour of an iptables mode.
 func iptFlavor(mode string) ipt.Flavor {
 	if mode == modeIPTablesLegacy {
@@ -188,7 +174,7 @@ func newProxyNode(t *testing.T) *proxyNode {
 func newProxyNodeMode(t *testing.T, mode string) *proxyNode {
 	t.Helper()
 	if mode == modeIPVS {
-		requireIPVS(t)
+		netnstest.RequireIPVS(t)
 	}
 	if mode != modeNFTables {
 		for _, f := range family.All {

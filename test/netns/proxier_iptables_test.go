@@ -72,28 +72,8 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 		})
 	}
 	t.Run("cleanup", func(t *testing.T) {
-		// Someone else's rules, which cleanup must keep.
+		e.cleanupKeepsForeignRules(t, "DSPROXY", func(f *family.Family) error { return e.fam[f].ib.Cleanup(context.Background()) })
 		for _, f := range family.All {
-			if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "filter", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"); err != nil {
-				e.fatalf(t, "%s: adding a foreign rule: %v %s", f, err, out)
-			}
-		}
-		for _, f := range family.All {
-			if err := RunIn(e.c.Node, func() error { return e.fam[f].ib.Cleanup(context.Background()) }); err != nil {
-				e.fatalf(t, "%s cleanup: %v", f, err)
-			}
-		}
-		for _, f := range family.All {
-			out, err := Exec(e.c.Node, f.IPTablesCommand+"-save")
-			if err != nil {
-				e.fatalf(t, "%s-save: %v", f.IPTablesCommand, err)
-			}
-			if strings.Contains(out, "DSPROXY") {
-				e.fatalf(t, "%s: DSPROXY state left after cleanup:\n%s", f, out)
-			}
-			if !strings.Contains(out, "-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT") {
-				e.fatalf(t, "%s: cleanup removed a rule that is not dsproxy's:\n%s", f, out)
-			}
 			broken(t, f, "cleanup")
 		}
 	})
@@ -121,5 +101,34 @@ func TestIPTablesLocalhostNodePorts(t *testing.T) {
 	}
 	if r, err := Dial(e.c.Node, TCP, netip.AddrPortFrom(netip.IPv6Loopback(), s.nodePortOf(TCP)), pxDropWait); err == nil {
 		e.fatalf(t, "tcp [::1] NodePort answered (%v); IPv6 has no localhost NodePorts", r)
+	}
+}
+
+// cleanupKeepsForeignRules adds someone else's rule to each family's filter
+// INPUT, runs cleanup for both families in the node, and checks that no chain
+// with prefix is left and the other rule is.
+func (e *proxyNode) cleanupKeepsForeignRules(t *testing.T, prefix string, cleanup func(*family.Family) error) {
+	t.Helper()
+	for _, f := range family.All {
+		if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "filter", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"); err != nil {
+			e.fatalf(t, "%s: adding a foreign rule: %v %s", f, err, out)
+		}
+	}
+	for _, f := range family.All {
+		if err := RunIn(e.c.Node, func() error { return cleanup(f) }); err != nil {
+			e.fatalf(t, "%s cleanup: %v", f, err)
+		}
+	}
+	for _, f := range family.All {
+		out, err := Exec(e.c.Node, f.IPTablesCommand+"-save")
+		if err != nil {
+			e.fatalf(t, "%s-save: %v", f.IPTablesCommand, err)
+		}
+		if strings.Contains(out, prefix) {
+			e.fatalf(t, "%s: %s state left after cleanup:\n%s", f, prefix, out)
+		}
+		if !strings.Contains(out, "-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT") {
+			e.fatalf(t, "%s: cleanup removed a rule that is not dsproxy's:\n%s", f, out)
+		}
 	}
 }
