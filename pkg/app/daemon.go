@@ -9,8 +9,11 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -60,6 +63,9 @@ type Daemon struct {
 	// restoreGC undoes the cold start's GOGC (see tightenGC); set before the
 	// first syncs start, called once they are all done.
 	restoreGC func()
+	// tcpBeLiberal: nf_conntrack_tcp_be_liberal is set, so no backend drops
+	// packets conntrack marks invalid.
+	tcpBeLiberal bool
 }
 
 // New assembles the daemon: it reads the Node for node IPs and decides which
@@ -95,6 +101,9 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 		return nil, fmt.Errorf("node IPs of %s: %w", name, err)
 	}
 	klog.InfoS("Node IPs", "node", name, "ips", ips.String())
+	if d.tcpBeLiberal = tcpBeLiberal(conntrack.HostSysFS.ProcSys, cfg.Conntrack.TCPBeLiberal && inHostNetns()); d.tcpBeLiberal {
+		klog.InfoS("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets")
+	}
 	var fps []metaproxier.FamilyProxier
 	for _, f := range family.All {
 		if err := ips.Usable(f); err != nil {
@@ -177,6 +186,7 @@ func (d *Daemon) newIPVSBackend(f *family.Family) (proxier.Backend, error) {
 		ExcludeCIDRs:  exclude,
 		MasqueradeBit: int(d.cfg.IPTables.MasqueradeBit),
 		StrictARP:     d.cfg.IPVS.StrictARP,
+		TCPBeLiberal:  d.tcpBeLiberal,
 	}), nil
 }
 
@@ -193,6 +203,7 @@ func (d *Daemon) newBackend(f *family.Family) (proxier.Backend, error) {
 		return iptables.New(f, r, iptables.Options{
 			MasqueradeBit:      int(d.cfg.IPTables.MasqueradeBit),
 			LocalhostNodePorts: d.cfg.IPTables.LocalhostNodePorts,
+			TCPBeLiberal:       d.tcpBeLiberal,
 		})
 	}
 	k, err := nft.NewNetlink()
@@ -200,7 +211,7 @@ func (d *Daemon) newBackend(f *family.Family) (proxier.Backend, error) {
 		return nil, fmt.Errorf("%s: opening netlink: %w", f, err)
 	}
 	d.kernels = append(d.kernels, k)
-	return nftables.New(f, k, nftables.Options{RebuildEvery: 1}), nil
+	return nftables.New(f, k, nftables.Options{RebuildEvery: 1, TCPBeLiberal: d.tcpBeLiberal}), nil
 }
 
 func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, node *v1.Node) (*proxier.Proxier, error) {
@@ -368,9 +379,7 @@ func (h *handler) followNodeIPs(n *v1.Node) {
 // Services. Outside the host's network namespace (tests, the demo) nothing is
 // tuned: nf_conntrack_max and the hash size are global to the machine.
 func (d *Daemon) applyConntrackSysctls() {
-	self, err1 := os.Readlink("/proc/self/ns/net")
-	host, err2 := os.Readlink("/proc/1/ns/net")
-	if err1 != nil || err2 != nil || self != host {
+	if !inHostNetns() {
 		klog.InfoS("Not in the host network namespace; leaving conntrack sysctls alone")
 		return
 	}
@@ -381,4 +390,31 @@ func (d *Daemon) applyConntrackSysctls() {
 	if err := s.Apply(conntrack.HostSysFS, runtime.NumCPU()); err != nil {
 		klog.ErrorS(err, "Some conntrack settings could not be applied")
 	}
+}
+
+// inHostNetns reports whether dsproxy runs in the host's network namespace (that
+// of PID 1).
+func inHostNetns() bool {
+	self, err1 := os.Readlink("/proc/self/ns/net")
+	host, err2 := os.Readlink("/proc/1/ns/net")
+	return err1 == nil && err2 == nil && self == host
+}
+
+// tcpBeLiberal reports whether net.netfilter.nf_conntrack_tcp_be_liberal is or
+// will be set (willSet: --conntrack-tcp-be-liberal, which Run applies), read from
+// procSys ("/proc/sys"). As kube-proxy's iptables mode, dsproxy then installs no
+// rule that drops packets conntrack marks invalid: the kernel no longer marks the
+// out-of-window TCP packets that rule was for, and on multihomed nodes the rule
+// drops legitimate traffic. An unreadable sysctl (no conntrack yet) counts as
+// unset.
+func tcpBeLiberal(procSys string, willSet bool) bool {
+	if willSet {
+		return true
+	}
+	b, err := os.ReadFile(filepath.Join(procSys, "net/netfilter/nf_conntrack_tcp_be_liberal"))
+	if err != nil {
+		return false
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	return err == nil && v != 0
 }

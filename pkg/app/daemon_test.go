@@ -1,6 +1,8 @@
 package app
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,5 +17,29 @@ func TestRunnerOptions(t *testing.T) {
 	want := runner.Options{MinInterval: 2 * time.Second, FullResyncPeriod: time.Hour, CheckPeriod: 30 * time.Second, RetryMax: 30 * time.Second}
 	if got != want {
 		t.Errorf("runnerOptions = %+v, want %+v", got, want)
+	}
+}
+
+// The INVALID drop rule goes when nf_conntrack_tcp_be_liberal is set, or will be
+// set by --conntrack-tcp-be-liberal; an unreadable or bad value counts as unset.
+func TestTCPBeLiberal(t *testing.T) {
+	dir := t.TempDir()
+	if tcpBeLiberal(dir, false) {
+		t.Error("no sysctl file: liberal")
+	}
+	if !tcpBeLiberal(dir, true) {
+		t.Error("--conntrack-tcp-be-liberal: not liberal")
+	}
+	path := filepath.Join(dir, "net/netfilter/nf_conntrack_tcp_be_liberal")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for v, want := range map[string]bool{"0\n": false, "1\n": true, "2": true, "x\n": false} {
+		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := tcpBeLiberal(dir, false); got != want {
+			t.Errorf("sysctl %q: liberal = %v, want %v", v, got, want)
+		}
 	}
 }

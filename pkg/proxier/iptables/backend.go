@@ -44,6 +44,10 @@ type Options struct {
 	// is complete before anything jumps to it, and a rewrite of a live ruleset
 	// replaces each chain within one transaction.
 	MaxPortsPerTx int
+	// TCPBeLiberal says the node sets net.netfilter.nf_conntrack_tcp_be_liberal:
+	// then, as in kube-proxy, DSPROXY-FORWARD does not drop packets conntrack
+	// marks invalid.
+	TCPBeLiberal bool
 }
 
 const defaultMaxPortsPerTx = 1000
@@ -204,6 +208,7 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		masqBit:  fmt.Sprintf("%#x", mask),
 		masqMark: fmt.Sprintf("%#x/%#x", mask, mask),
 		random:   b.r.HasRandomFully(),
+		keepInvalid: b.opts.TCPBeLiberal,
 		localhostNP: b.opts.LocalhostNodePorts && b.f.RouteLocalnetSysctl != "" &&
 			(req.Node.NodePortAddresses.MatchAll || len(req.Node.NodePortAddresses.Loopback) > 0),
 	}

@@ -236,6 +236,7 @@ func TestRules(t *testing.T) {
 		f     *family.Family
 		ps    func(f *family.Family) *model.PortState
 		node  func(n *proxier.NodeConfig)
+		opts  Options
 		want  []string // regexps that must match a line
 		avoid []string // regexps no line may match
 	}
@@ -309,10 +310,21 @@ func TestRules(t *testing.T) {
 			},
 			want: []string{`^-A DSPROXY-EXTERNAL-SERVICES .*-d 192\.0\.2\.1/32 -p udp -m udp --dport 30500 -j REJECT$`,
 				`^-A DSPROXY-SERVICES .*-d 192\.0\.2\.1/32 -j DSPROXY-NODEPORTS$`}},
+		{name: "invalid packets dropped", f: family.IPv6, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1) },
+			want: []string{`^-A DSPROXY-FORWARD -m conntrack --ctstate INVALID -j DROP$`}},
+		{name: "nf_conntrack_tcp_be_liberal: invalid packets pass", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1) },
+			opts:  Options{TCPBeLiberal: true},
+			want:  []string{`^-A DSPROXY-FORWARD .*--ctstate RELATED,ESTABLISHED -j ACCEPT$`},
+			avoid: []string{`INVALID`}},
 	}
 	for _, c := range checks {
 		t.Run(c.name, func(t *testing.T) {
-			b, r := newBackend(t, c.f)
+			r := &fakeRunner{}
+			c.opts.MasqueradeBit = 14
+			b, err := New(c.f, r, c.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
 			n := node(c.f)
 			if c.node != nil {
 				c.node(n)

@@ -52,7 +52,8 @@
 //	                             NodePorts the other family reserves REJECT
 //	  DSPROXY-PROXY-FIREWALL:    VIPs with source ranges DROP (allowed sources were DNATed)
 //	  DSPROXY-NODEPORTS:         health check node ports ACCEPT
-//	  DSPROXY-FORWARD:           ct INVALID DROP; marked ACCEPT; ESTABLISHED,RELATED ACCEPT
+//	  DSPROXY-FORWARD:           ct INVALID DROP (not with nf_conntrack_tcp_be_liberal);
+//	                             marked ACCEPT; ESTABLISHED,RELATED ACCEPT
 //	  DSPROXY-FIREWALL:          IPv4 with localhost NodePorts: 127/8 from outside DROP
 //
 // Filter rules see packets after DNAT, so a destination still equal to a Service

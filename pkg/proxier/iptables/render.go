@@ -97,6 +97,7 @@ type config struct {
 	masqBit     string // "0x4000"
 	random      bool   // MASQUERADE --random-fully
 	localhostNP bool   // IPv4 NodePorts on 127.0.0.0/8 (kube-proxy's localhostNodePorts)
+	keepInvalid bool   // no ct INVALID DROP (Options.TCPBeLiberal)
 }
 
 // shape is which chains one service port has.
@@ -513,7 +514,9 @@ func (c *config) nodeTails(nat, filter *rules) {
 	}
 	nat.tail(chainPostrouting, comment("dsproxy service traffic requiring SNAT"), masq)
 
-	filter.tail(chainForward, "-m conntrack --ctstate INVALID", "-j DROP")
+	if !c.keepInvalid {
+		filter.tail(chainForward, "-m conntrack --ctstate INVALID", "-j DROP")
+	}
 	filter.tail(chainForward, comment("dsproxy forwarding rules"), "-m mark --mark", c.masqMark, "-j ACCEPT")
 	filter.tail(chainForward, comment("dsproxy forwarding conntrack rule"), "-m conntrack --ctstate RELATED,ESTABLISHED", "-j ACCEPT")
 	if c.localhostNP {

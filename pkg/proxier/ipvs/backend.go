@@ -66,6 +66,9 @@ type Options struct {
 	// StrictARP sets arp_ignore=1 and arp_announce=2 so the node does not answer
 	// ARP for the addresses on the dummy link (kube-proxy's --ipvs-strict-arp).
 	StrictARP bool
+	// TCPBeLiberal says the node sets net.netfilter.nf_conntrack_tcp_be_liberal:
+	// then the forward rules do not drop packets conntrack marks invalid.
+	TCPBeLiberal bool
 	// Sysctl writes a sysctl ("net/ipv4/vs/conntrack", "1"); ipvs.SetSysctl when nil.
 	Sysctl func(name, value string) error
 	// IPSetLoaded says whether Cleanup may ask for ipsets; ipvs.IPSetLoaded
@@ -646,7 +649,7 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 			return err
 		}
 	}
-	if err := b.r.Restore(ctx, []byte(ruleset(node, b.opts.MasqueradeBit, b.r.HasRandomFully()))); err != nil {
+	if err := b.r.Restore(ctx, []byte(ruleset(node, b.opts.MasqueradeBit, b.r.HasRandomFully(), b.opts.TCPBeLiberal))); err != nil {
 		res.RestoreFailed = true
 		return err
 	}

@@ -564,13 +564,14 @@ func TestReservedNodePortsPartial(t *testing.T) {
 // TestRuleset checks the node settings' effect on the iptables rules.
 func TestRuleset(t *testing.T) {
 	n := node(family.IPv6)
-	rs := ruleset(n, 14, true)
+	rs := ruleset(n, 14, true, false)
 	for _, want := range []string{
 		"-A DSIPVS-SERVICES -m set --match-set DSIPVS6-CLUSTER-IP dst,dst -j DSIPVS-MASQ-NONLOCAL",
 		"-A DSIPVS-MASQ-NONLOCAL -s fd00:64::/48 -j RETURN",
 		"-A DSIPVS-MARK-MASQ -j MARK --or-mark 0x4000",
 		"-A DSIPVS-POSTROUTING -j MASQUERADE --random-fully",
 		"-A DSIPVS-FORWARD -d fd00:96::/112 -m set ! --match-set DSIPVS6-IPS dst -j DROP",
+		"-A DSIPVS-FORWARD -m conntrack --ctstate INVALID -j DROP",
 	} {
 		if !strings.Contains(rs, want+"\n") {
 			t.Errorf("ruleset lacks %q:\n%s", want, rs)
@@ -580,8 +581,11 @@ func TestRuleset(t *testing.T) {
 		t.Error("IPv6 ruleset matches an IPv4 pod CIDR")
 	}
 	n.MasqueradeAll = true
-	if rs := ruleset(n, 3, false); !strings.Contains(rs, "-A DSIPVS-SERVICES -m set --match-set DSIPVS6-CLUSTER-IP dst,dst -j DSIPVS-MARK-MASQ\n") ||
+	if rs := ruleset(n, 3, false, false); !strings.Contains(rs, "-A DSIPVS-SERVICES -m set --match-set DSIPVS6-CLUSTER-IP dst,dst -j DSIPVS-MARK-MASQ\n") ||
 		!strings.Contains(rs, "--or-mark 0x8\n") {
 		t.Errorf("masqueradeAll, bit 3:\n%s", rs)
+	}
+	if rs := ruleset(n, 14, true, true); strings.Contains(rs, "INVALID") {
+		t.Errorf("with nf_conntrack_tcp_be_liberal, invalid packets are still dropped:\n%s", rs)
 	}
 }

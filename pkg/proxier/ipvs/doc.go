@@ -42,7 +42,7 @@
 //	                  CLUSTER-IP, EXTERNAL, EXTERNAL-LOCAL RETURN; HEALTH-CHECK ACCEPT
 //	                  new connections to IPS (any other port) REJECT
 //	                  new connections to RESERVED REJECT
-//	  FORWARD: -j DSIPVS-FORWARD: ct INVALID DROP; -d <service CIDR> not in IPS DROP;
+//	  FORWARD: -j DSIPVS-FORWARD: ct INVALID DROP (not with TCPBeLiberal); -d <service CIDR> not in IPS DROP;
 //	           marked ACCEPT; ESTABLISHED,RELATED ACCEPT
 //	  OUTPUT:  -j DSIPVS-OUTPUT: -d <service CIDR> not in IPS DROP
 //

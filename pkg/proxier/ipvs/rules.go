@@ -32,7 +32,7 @@ var jumps = [][3]string{
 // ruleset renders the whole iptables-restore input for the node settings. Filter
 // INPUT runs before IPVS takes a packet (IPVS hooks LOCAL_IN after filtering),
 // so it sees the Service address and port still.
-func ruleset(node *proxier.NodeConfig, masqBit int, randomFully bool) string {
+func ruleset(node *proxier.NodeConfig, masqBit int, randomFully, keepInvalid bool) string {
 	f := node.Family
 	set := func(s setID, dirs string) string { return "-m set --match-set " + setName(f, s) + " " + dirs }
 	mark := fmt.Sprintf("%#x", uint32(1)<<masqBit)
@@ -80,7 +80,9 @@ func ruleset(node *proxier.NodeConfig, masqBit int, randomFully bool) string {
 	w("-A %s -m conntrack --ctstate NEW %s -j REJECT", chainInput, set(setIPs, "dst"))
 	w("-A %s -m conntrack --ctstate NEW %s -p tcp -j REJECT --reject-with tcp-reset", chainInput, set(setReserved, "dst,dst"))
 	w("-A %s -m conntrack --ctstate NEW %s -j REJECT", chainInput, set(setReserved, "dst,dst"))
-	w("-A %s -m conntrack --ctstate INVALID -j DROP", chainForward)
+	if !keepInvalid {
+		w("-A %s -m conntrack --ctstate INVALID -j DROP", chainForward)
+	}
 	for _, c := range node.ServiceCIDRs {
 		if c.Addr().BitLen() != f.BitLen {
 			continue

@@ -39,6 +39,12 @@ type Options struct {
 	// (default 12; negative: never). That is how @endpoints, @nodeport-endpoints (too big
 	// to read back cheaply) and rule details that print alike are kept honest.
 	RebuildEvery int
+	// TCPBeLiberal says the node sets net.netfilter.nf_conntrack_tcp_be_liberal:
+	// then, as kube-proxy's iptables mode does, packets conntrack marks invalid
+	// are not dropped in filter-forward (kube-proxy's nftables mode never drops
+	// them; dsproxy keeps the iptables mode's guard against the connection-reset
+	// bug of kernels before 6.1 unless the node opted out of it).
+	TCPBeLiberal bool
 }
 
 const (
@@ -71,7 +77,9 @@ func New(f *family.Family, k nft.Kernel, opts Options) *Backend {
 	if opts.RebuildEvery == 0 {
 		opts.RebuildEvery = defaultRebuildEvery
 	}
-	return &Backend{f: f, k: k, opts: opts, x: newExprs(f)}
+	x := newExprs(f)
+	x.keepInvalid = opts.TCPBeLiberal
+	return &Backend{f: f, k: k, opts: opts, x: x}
 }
 
 // Table returns the name of the live table ("" before the first successful sync).

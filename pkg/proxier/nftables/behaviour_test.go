@@ -261,3 +261,28 @@ func TestDispatchOneRule(t *testing.T) {
 		}
 	}
 }
+
+// TestInvalidDrop: a forwarded packet conntrack marks invalid is dropped, as in
+// kube-proxy's iptables mode, unless the node sets nf_conntrack_tcp_be_liberal;
+// a valid one to the same pod passes either way.
+func TestInvalidDrop(t *testing.T) {
+	for _, f := range family.All {
+		for _, liberal := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/liberal=%v", f.Name, liberal), func(t *testing.T) {
+				e := newEnv(t, f)
+				e.b = New(f, e.fake, Options{TCPBeLiberal: liberal})
+				twoRemote()(e)
+				e.sync(true)
+				p := to(fromClient, pod(f, 1, 8080), tcp)(f)
+				p.CtState = nft.CtEstablished
+				e.check(p, outcome{verdict: nft.Accept})
+				p.CtState = nft.CtInvalid
+				if liberal {
+					e.check(p, outcome{verdict: nft.Accept})
+				} else {
+					e.check(p, dropped())
+				}
+			})
+		}
+	}
+}

@@ -64,11 +64,16 @@ var baseChains = []baseChain{
 			return []nft.Rule{ctNewJump(chainNPEndpointsCheck), ctNewJump(chainSvcEndpointsCheck)}
 		}},
 	{chainFilterForward, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter,
-		func(exprs) []nft.Rule {
-			// As kube-proxy's iptables mode (KUBE-FORWARD): a packet conntrack cannot
-			// place would otherwise be forwarded un-NATed with a service address.
+		func(x exprs) []nft.Rule {
+			rules := []nft.Rule{ctNewJump(chainSvcEndpointsCheck), ctNewJump(chainClusterIPsCheck)}
+			if x.keepInvalid {
+				return rules
+			}
+			// As kube-proxy's iptables mode (KUBE-FORWARD) without
+			// nf_conntrack_tcp_be_liberal: a packet conntrack cannot place would
+			// otherwise be forwarded un-NATed with a service address.
 			invalid := nft.Rule{Exprs: append(ctState(expr.CtStateBitINVALID), verdict(expr.VerdictDrop)), Comment: "drop ct state invalid"}
-			return []nft.Rule{invalid, ctNewJump(chainSvcEndpointsCheck), ctNewJump(chainClusterIPsCheck)}
+			return append([]nft.Rule{invalid}, rules...)
 		}},
 	{chainFilterOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter,
 		func(exprs) []nft.Rule {

@@ -40,7 +40,8 @@ package nftables
 //	  chain filter-output-pre-dnat     { type filter hook output priority dstnat - 10; ct state new jump firewall-check }
 //	  chain filter-input   { type filter hook input priority filter;
 //	    ct state new jump nodeport-endpoints-check; ct state new jump service-endpoints-check }
-//	  chain filter-forward { type filter hook forward priority filter; ct state invalid drop;
+//	  chain filter-forward { type filter hook forward priority filter;
+//	    ct state invalid drop;  # unless Options.TCPBeLiberal
 //	    ct state new jump service-endpoints-check; ct state new jump cluster-ips-check }
 //	  chain filter-output  { type filter hook output priority filter;
 //	    ct state new jump service-endpoints-check; ct state new jump cluster-ips-check }

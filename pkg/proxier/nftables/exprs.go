@@ -30,6 +30,9 @@ const (
 type exprs struct {
 	f *family.Family
 	a uint32 // registers per address
+	// keepInvalid leaves out filter-forward's "ct state invalid drop"
+	// (Options.TCPBeLiberal).
+	keepInvalid bool
 }
 
 func newExprs(f *family.Family) exprs { return exprs{f: f, a: f.AddrLen / 4} }
