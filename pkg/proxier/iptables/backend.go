@@ -204,10 +204,10 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	b.synced = false // until this sync succeeds
 	mask := uint32(1) << b.opts.MasqueradeBit
 	c := &config{
-		node:     req.Node,
-		masqBit:  fmt.Sprintf("%#x", mask),
-		masqMark: fmt.Sprintf("%#x/%#x", mask, mask),
-		random:   b.r.HasRandomFully(),
+		node:        req.Node,
+		masqBit:     fmt.Sprintf("%#x", mask),
+		masqMark:    fmt.Sprintf("%#x/%#x", mask, mask),
+		random:      b.r.HasRandomFully(),
 		keepInvalid: b.opts.TCPBeLiberal,
 		localhostNP: b.opts.LocalhostNodePorts && b.f.RouteLocalnetSysctl != "" &&
 			(req.Node.NodePortAddresses.MatchAll || len(req.Node.NodePortAddresses.Loopback) > 0),
