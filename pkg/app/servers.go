@@ -88,4 +88,7 @@ func serveHTTP(ctx context.Context, name, addr string, h http.Handler) {
 }
 
 // The daemon's metrics receive the proxiers' change counts.
-var _ proxier.ChangeObserver = (*metrics.Metrics)(nil)
+var (
+	_ proxier.ChangeObserver    = (*metrics.Metrics)(nil)
+	_ proxier.ConntrackObserver = (*metrics.Metrics)(nil)
+)

@@ -7,6 +7,11 @@
 // them with its component-base stability marker ("[ALPHA] "), which dsproxy does
 // not.
 //
+// Of kube-proxy's metrics, kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total
+// is not exported: dsproxy's nftables mode removes what it no longer uses in the
+// sync's own transaction, so such a failure is a sync failure
+// (kubeproxy_sync_proxy_rules_nftables_sync_failures_total).
+//
 // Nothing is registered globally: New builds a Metrics, Register adds it to a
 // prometheus.Registerer, and Handler serves a private registry holding it plus the
 // Go and process collectors (kube-proxy's /metrics has those too).
@@ -91,6 +96,12 @@ type Metrics struct {
 	iptPartialRestoreFailures *prometheus.CounterVec
 	iptRulesTotal             *prometheus.GaugeVec
 	iptRulesLast              *prometheus.GaugeVec
+
+	// nftables mode only.
+	nftSyncFailures *prometheus.CounterVec
+
+	conntrackLatency *prometheus.HistogramVec
+	conntrackDeleted *prometheus.CounterVec
 
 	kernelOps    *prometheus.HistogramVec
 	transactions *prometheus.CounterVec
@@ -232,6 +243,22 @@ func newMetrics(now func() time.Time) *Metrics {
 			Name:      "sync_proxy_rules_iptables_last",
 			Help:      "Number of iptables rules written by kube-proxy in last sync",
 		}, []string{labelTable, labelFamily}),
+		nftSyncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: kubeProxySubsystem,
+			Name:      "sync_proxy_rules_nftables_sync_failures_total",
+			Help:      "Cumulative proxy nftables sync failures",
+		}, []string{labelFamily}),
+		conntrackLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Subsystem: kubeProxySubsystem,
+			Name:      "conntrack_reconciler_sync_duration_seconds",
+			Help:      "ReconcileConntrackFlowsLatency latency in seconds",
+			Buckets:   syncBuckets,
+		}, []string{labelFamily}),
+		conntrackDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: kubeProxySubsystem,
+			Name:      "conntrack_reconciler_deleted_entries_total",
+			Help:      "Cumulative conntrack flows deleted by conntrack reconciler",
+		}, []string{labelFamily}),
 
 		now:                now,
 		start:              now(),
@@ -244,6 +271,7 @@ func newMetrics(now func() time.Time) *Metrics {
 		m.servicesTotal, m.noLocalEndpoints, m.healthzTotal, m.livezTotal,
 		m.kernelOps, m.transactions, m.repairs, m.syncErrors,
 		m.iptRestoreFailures, m.iptPartialRestoreFailures, m.iptRulesTotal, m.iptRulesLast,
+		m.nftSyncFailures, m.conntrackLatency, m.conntrackDeleted,
 	}
 	m.registry = prometheus.NewRegistry()
 	m.registry.MustRegister(m,
@@ -311,6 +339,9 @@ func (m *Metrics) SyncDone(f *family.Family, full bool, d time.Duration, res pro
 			m.iptPartialRestoreFailures.WithLabelValues(fam).Inc()
 		}
 	}
+	if res.NFTablesFailed {
+		m.nftSyncFailures.WithLabelValues(fam).Inc()
+	}
 	for table, n := range res.RulesWritten {
 		m.iptRulesLast.WithLabelValues(table, fam).Set(float64(n))
 	}
@@ -323,6 +354,15 @@ func (m *Metrics) SyncDone(f *family.Family, full bool, d time.Duration, res pro
 	case !errors.Is(err, context.Canceled):
 		m.syncErrors.WithLabelValues(fam).Inc()
 	}
+}
+
+// ConntrackCleared implements proxier.ConntrackObserver: kube-proxy's conntrack
+// reconciler metrics. kube-proxy dumps the conntrack table after every sync;
+// dsproxy only after a sync whose changes can leave stale UDP or SCTP entries, so
+// the histogram counts those rounds.
+func (m *Metrics) ConntrackCleared(f *family.Family, d time.Duration, deleted int) {
+	m.conntrackLatency.WithLabelValues(f.Name).Observe(d.Seconds())
+	m.conntrackDeleted.WithLabelValues(f.Name).Add(float64(deleted))
 }
 
 // SyncQueued sets kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds of f to

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -68,10 +69,15 @@ var kubeProxyNames = map[string]string{
 	"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total": "counter",
 	"kubeproxy_sync_proxy_rules_iptables_total":                          "gauge",
 	"kubeproxy_sync_proxy_rules_iptables_last":                           "gauge",
-	"dsproxy_kernel_transaction_operations":                              "histogram",
-	"dsproxy_kernel_transactions_total":                                  "counter",
-	"dsproxy_resync_repairs_total":                                       "counter",
-	"dsproxy_sync_errors_total":                                          "counter",
+	// nftables mode
+	"kubeproxy_sync_proxy_rules_nftables_sync_failures_total": "counter",
+	// every mode
+	"kubeproxy_conntrack_reconciler_sync_duration_seconds": "histogram",
+	"kubeproxy_conntrack_reconciler_deleted_entries_total": "counter",
+	"dsproxy_kernel_transaction_operations":                "histogram",
+	"dsproxy_kernel_transactions_total":                    "counter",
+	"dsproxy_resync_repairs_total":                         "counter",
+	"dsproxy_sync_errors_total":                            "counter",
 }
 
 func TestNamesAndTypes(t *testing.T) {
@@ -81,6 +87,8 @@ func TestNamesAndTypes(t *testing.T) {
 	m.SyncDone(family.IPv4, false, time.Millisecond, proxier.SyncResult{}, nil)
 	m.SyncDone(family.IPv6, false, time.Millisecond, proxier.SyncResult{RestoreFailed: true, PartialRestore: true}, errors.New("x"))
 	m.SyncDone(family.IPv6, true, time.Millisecond, proxier.SyncResult{RulesWritten: map[string]int{"nat": 1}, RulesTotal: map[string]int{"nat": 1}}, nil)
+	m.SyncDone(family.IPv6, false, time.Millisecond, proxier.SyncResult{NFTablesFailed: true}, errors.New("x"))
+	m.ConntrackCleared(family.IPv6, time.Millisecond, 1)
 	m.SyncQueued(family.IPv4)
 	m.ObserveProgramming(family.IPv4, epoch.Add(time.Second))
 	m.SetNoLocalEndpoints(family.IPv4, 0, 0)
@@ -516,5 +524,39 @@ kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IP
 		"kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
 		"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// The nftables failure counter counts failed syncs per family; the conntrack
+// reconciler metrics time each round and add up the entries it deleted.
+func TestNFTablesAndConntrackMetrics(t *testing.T) {
+	m, _ := newTest()
+	m.SyncDone(family.IPv4, true, time.Millisecond, proxier.SyncResult{NFTablesFailed: true}, errors.New("x"))
+	m.SyncDone(family.IPv4, false, time.Millisecond, proxier.SyncResult{NFTablesFailed: true}, errors.New("x"))
+	m.SyncDone(family.IPv6, false, time.Millisecond, proxier.SyncResult{}, nil)
+	m.ConntrackCleared(family.IPv6, 3*time.Millisecond, 4)
+	m.ConntrackCleared(family.IPv6, 20*time.Millisecond, 0)
+	m.ConntrackCleared(family.IPv4, time.Millisecond/2, 2)
+	want := `
+# HELP kubeproxy_sync_proxy_rules_nftables_sync_failures_total Cumulative proxy nftables sync failures
+# TYPE kubeproxy_sync_proxy_rules_nftables_sync_failures_total counter
+kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 2
+# HELP kubeproxy_conntrack_reconciler_deleted_entries_total Cumulative conntrack flows deleted by conntrack reconciler
+# TYPE kubeproxy_conntrack_reconciler_deleted_entries_total counter
+kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} 2
+kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv6"} 4
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want),
+		"kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+		"kubeproxy_conntrack_reconciler_deleted_entries_total"); err != nil {
+		t.Error(err)
+	}
+	h := m.conntrackLatency.WithLabelValues("IPv6").(prometheus.Histogram)
+	var pb dto.Metric
+	if err := h.Write(&pb); err != nil {
+		t.Fatal(err)
+	}
+	if n, sum := pb.GetHistogram().GetSampleCount(), pb.GetHistogram().GetSampleSum(); n != 2 || sum < 0.0229 || sum > 0.0231 {
+		t.Errorf("IPv6 conntrack latency: %d samples summing to %v s, want 2 summing to 0.023", n, sum)
 	}
 }

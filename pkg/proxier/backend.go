@@ -67,6 +67,9 @@ type SyncResult struct {
 	// sync_proxy_rules_iptables_restore_failures_total and
 	// sync_proxy_rules_iptables_partial_restore_failures_total).
 	RestoreFailed, PartialRestore bool
+	// NFTablesFailed says the sync's nftables transactions or reads failed
+	// (kube-proxy's sync_proxy_rules_nftables_sync_failures_total).
+	NFTablesFailed bool
 }
 
 // LocalMode is how traffic from local pods is told apart, as kube-proxy's

@@ -3,6 +3,7 @@ package proxier
 import (
 	"net/netip"
 	"slices"
+	"time"
 
 	"k8s.io/klog/v2"
 
@@ -98,7 +99,11 @@ func (p *Proxier) clearStaleFlows(changed []model.ServicePortName) {
 	if len(filters) == 0 {
 		return
 	}
+	start := time.Now()
 	n, err := p.cfg.Conntrack.Clear(p.cfg.Family, filters...)
+	if o, ok := p.cfg.Observer.(ConntrackObserver); ok {
+		o.ConntrackCleared(p.cfg.Family, time.Since(start), n)
+	}
 	if err != nil {
 		klog.ErrorS(err, "Clearing stale conntrack entries", "ipFamily", p.cfg.Family.Name, "filters", len(filters))
 		return

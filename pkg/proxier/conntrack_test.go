@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -119,6 +120,17 @@ func TestSyncClearsStaleFlows(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := len(fake.Calls())
+	// A flow DNATed to the endpoint about to go.
+	var ps *model.PortState
+	for _, x := range p.state.Ports {
+		ps = x
+	}
+	gone := ps.Cluster[1].AddrPort()
+	client := netip.AddrPortFrom(netip.MustParseAddr("10.64.9.9"), 5353)
+	fake.Add(conntrack.Flow{Protocol: conntrack.UDP, OrigSrc: client, OrigDst: netip.AddrPortFrom(ps.ClusterIP, ps.Port),
+		ReplySrc: gone, ReplyDst: client})
+	obs := &conntrackObserver{}
+	p.cfg.Observer = obs
 	es2 := es.DeepCopy()
 	es2.Endpoints = es2.Endpoints[:1]
 	p.OnEndpointSliceUpdate(ingest(es), ingest(es2))
@@ -128,4 +140,22 @@ func TestSyncClearsStaleFlows(t *testing.T) {
 	if len(fake.Calls()) != calls+1 {
 		t.Fatalf("endpoint removal made %d conntrack calls", len(fake.Calls())-calls)
 	}
+	if len(fake.Flows()) != 0 {
+		t.Errorf("flow to the removed endpoint %s kept: %v", gone, fake.Flows())
+	}
+	if obs.rounds != 1 || obs.deleted != 1 || obs.fam != f {
+		t.Errorf("conntrack observer saw %d rounds deleting %d entries (%v), want 1 round deleting 1 (IPv4)", obs.rounds, obs.deleted, obs.fam)
+	}
+}
+
+type conntrackObserver struct {
+	programmingObserver
+	rounds, deleted int
+	fam             *family.Family
+}
+
+func (o *conntrackObserver) ConntrackCleared(f *family.Family, _ time.Duration, deleted int) {
+	o.rounds++
+	o.deleted += deleted
+	o.fam = f
 }

@@ -178,6 +178,14 @@ type ChangeObserver interface {
 	SyncQueued(f *family.Family)
 }
 
+// ConntrackObserver is the optional part of an Observer that times the deletion
+// of stale conntrack entries after a sync (kube-proxy's
+// conntrack_reconciler_sync_duration_seconds and
+// conntrack_reconciler_deleted_entries_total).
+type ConntrackObserver interface {
+	ConntrackCleared(f *family.Family, d time.Duration, deleted int)
+}
+
 // OnEndpointSliceAdd records a new slice of this family.
 func (p *Proxier) OnEndpointSliceAdd(o *endpointslice.Object) { p.onSlice(o, false) }
 

@@ -97,6 +97,14 @@ func (b *Backend) Table() string { return b.table }
 // On error the kernel may hold a partial sync; the backend then rebuilds on its
 // next sync, whatever req says.
 func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (SyncResult, error) {
+	res, err := b.sync(ctx, req)
+	if err != nil && ctx.Err() == nil {
+		res.NFTablesFailed = true
+	}
+	return res, err
+}
+
+func (b *Backend) sync(ctx context.Context, req *proxier.SyncRequest) (SyncResult, error) {
 	if req == nil || req.State == nil || req.Node == nil {
 		return SyncResult{}, fmt.Errorf("nftables %s: sync request without state or node config", b.f)
 	}

@@ -231,12 +231,17 @@ func TestFailureRecovery(t *testing.T) {
 			e.sync(true)
 			e.put(e.state.Ports[name].ServicePort, ep(f, 2, 8080, false))
 			e.fake.FailNext(syscall.ENOBUFS)
-			_, err := e.b.Sync(t.Context(), &proxier.SyncRequest{State: e.state, Changed: []model.ServicePortName{name}, Node: e.node})
+			res, err := e.b.Sync(t.Context(), &proxier.SyncRequest{State: e.state, Changed: []model.ServicePortName{name}, Node: e.node})
 			if !errors.Is(err, syscall.ENOBUFS) || !strings.Contains(err.Error(), f.Name) {
 				t.Fatalf("sync error %v, want ENOBUFS naming %s", err, f)
 			}
+			if !res.NFTablesFailed {
+				t.Error("failed sync not reported as an nftables failure")
+			}
 			e.check(to(fromPod(5), cip(f, 10, 80), tcp)(f), dnatTo(false, pod(f, 1, 8080))) // old rules still work
-			e.sync(true)
+			if res := e.sync(true); res.NFTablesFailed {
+				t.Error("successful rebuild reported as an nftables failure")
+			}
 			e.check(to(fromPod(5), cip(f, 10, 80), tcp)(f), dnatTo(false, pod(f, 2, 8080)))
 			if tables, _ := e.fake.ListTables(t.Context(), f); len(tables) != 1 {
 				t.Errorf("tables after rebuild: %v", tables)
