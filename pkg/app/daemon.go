@@ -29,6 +29,7 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/metaproxier"
 	"github.com/dsproxy/dsproxy/pkg/metrics"
 	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nfacct"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/nodeip"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
@@ -66,6 +67,7 @@ type Daemon struct {
 	// tcpBeLiberal: nf_conntrack_tcp_be_liberal is set, so no backend drops
 	// packets conntrack marks invalid.
 	tcpBeLiberal bool
+	acct         *nfacct.Netlink // iptables mode
 }
 
 // New assembles the daemon: it reads the Node for node IPs and decides which
@@ -190,6 +192,16 @@ func (d *Daemon) newIPVSBackend(f *family.Family) (proxier.Backend, error) {
 	}), nil
 }
 
+// nfacct returns the iptables mode's nfacct client, shared by both families,
+// and on first use registers the metrics read from its counters.
+func (d *Daemon) nfacct() nfacct.Interface {
+	if d.acct == nil {
+		d.acct = nfacct.New()
+		d.metrics.Registry().MustRegister(metrics.NewNFAcctCollector(d.acct))
+	}
+	return d.acct
+}
+
 // newBackend returns the family's backend for the configured --proxy-mode.
 func (d *Daemon) newBackend(f *family.Family) (proxier.Backend, error) {
 	if d.cfg.ProxyMode == config.ModeIPVS {
@@ -204,6 +216,7 @@ func (d *Daemon) newBackend(f *family.Family) (proxier.Backend, error) {
 			MasqueradeBit:      int(d.cfg.IPTables.MasqueradeBit),
 			LocalhostNodePorts: d.cfg.IPTables.LocalhostNodePorts,
 			TCPBeLiberal:       d.tcpBeLiberal,
+			NFAcct:             d.nfacct(),
 		})
 	}
 	k, err := nft.NewNetlink()

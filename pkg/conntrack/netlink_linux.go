@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsproxy/dsproxy/internal/nlsock"
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
@@ -138,16 +139,11 @@ func (c *Netlink) List(fam *family.Family) ([]Flow, error) {
 // socket opens one NETLINK_NETFILTER socket for a Clear or List: the dump and all
 // deletions share it.
 func (c *Netlink) socket() (map[int]*nl.SocketHandle, func(), error) {
-	s, err := nl.GetNetlinkSocketAt(c.ns, netns.None(), unix.NETLINK_NETFILTER)
+	sockets, closeFn, err := nlsock.Open(c.ns, unix.NETLINK_NETFILTER, c.Timeout)
 	if err != nil {
-		return nil, nil, fmt.Errorf("conntrack: netlink socket: %w", err)
+		return nil, nil, fmt.Errorf("conntrack: %w", err)
 	}
-	if c.Timeout > 0 {
-		tv := unix.NsecToTimeval(c.Timeout.Nanoseconds())
-		_ = s.SetSendTimeout(&tv)
-		_ = s.SetReceiveTimeout(&tv)
-	}
-	return map[int]*nl.SocketHandle{unix.NETLINK_NETFILTER: {Socket: s}}, s.Close, nil
+	return sockets, closeFn, nil
 }
 
 func newRequest(op, flags int, fam *family.Family) *nl.NetlinkRequest {

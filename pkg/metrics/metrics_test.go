@@ -21,6 +21,7 @@ import (
 
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nfacct"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
 
@@ -558,5 +559,43 @@ kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv6"} 4
 	}
 	if n, sum := pb.GetHistogram().GetSampleCount(), pb.GetHistogram().GetSampleSum(); n != 2 || sum < 0.0229 || sum > 0.0231 {
 		t.Errorf("IPv6 conntrack latency: %d samples summing to %v s, want 2 summing to 0.023", n, sum)
+	}
+}
+
+// The nfacct collector exports each counter that can be read, under kube-proxy's
+// names, and skips the others.
+func TestNFAcctCollector(t *testing.T) {
+	acct := nfacct.NewFake()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewNFAcctCollector(acct))
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+		t.Fatalf("before the counters exist: %d series (%v), want 0", n, err)
+	}
+	if err := acct.Ensure(nfacct.CTStateInvalidDropped); err != nil {
+		t.Fatal(err)
+	}
+	acct.Count(nfacct.CTStateInvalidDropped, 7, 420)
+	want := `
+# HELP kubeproxy_iptables_ct_state_invalid_dropped_packets_total packets dropped by iptables to work around conntrack problems
+# TYPE kubeproxy_iptables_ct_state_invalid_dropped_packets_total counter
+kubeproxy_iptables_ct_state_invalid_dropped_packets_total 7
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
+	if err := acct.Ensure(nfacct.LocalhostNodePortsAccepted); err != nil {
+		t.Fatal(err)
+	}
+	acct.Count(nfacct.LocalhostNodePortsAccepted, 2, 120)
+	want += `# HELP kubeproxy_iptables_localhost_nodeports_accepted_packets_total Number of packets accepted on nodeports of loopback interface
+# TYPE kubeproxy_iptables_localhost_nodeports_accepted_packets_total counter
+kubeproxy_iptables_localhost_nodeports_accepted_packets_total 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
+	acct.Err = errors.New("netlink: permission denied")
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+		t.Errorf("unreadable counters: %d series (%v), want 0", n, err)
 	}
 }

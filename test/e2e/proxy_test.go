@@ -20,6 +20,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -421,6 +423,7 @@ func testModeSwitch(t *testing.T, e *env) {
 		e.errorf(t, "iptables mode does not follow the endpoint change: %v", err)
 	}
 	t.Logf("iptables mode followed an endpoint change in %v", took.Round(time.Millisecond))
+	checkNFAcctMetrics(t, e, targets)
 	switchTo("nftables")
 	waitKernel(true, false)
 	if _, err := waitBackends(e.c.Node, vips, []string{"m1", "m2", "m3"}, converge); err != nil {
@@ -441,6 +444,47 @@ func testModeSwitch(t *testing.T, e *env) {
 		}
 	}
 	e.checkAlive(t)
+}
+
+// checkNFAcctMetrics checks the iptables mode's nfacct-backed metrics
+// (kube-proxy's names): a connection to the IPv4 NodePort of targets on
+// 127.0.0.1 counts as an accepted localhost NodePort connection, and the
+// invalid-drop counter is exported.
+func checkNFAcctMetrics(t *testing.T, e *env, targets []probeTarget) {
+	t.Helper()
+	var np uint16
+	for _, tg := range targets {
+		if tg.from == e.external && tg.dst.Addr().Is4() {
+			np = tg.dst.Port()
+		}
+	}
+	scrape := func(name string) (uint64, bool) {
+		t.Helper()
+		out, err := netns.Exec(e.c.Node, "curl", "-sf", "http://127.0.0.1:10249/metrics")
+		if err != nil {
+			e.fatalf(t, "scraping dsproxy's metrics: %v: %s", err, out)
+		}
+		m := regexp.MustCompile(`(?m)^` + name + ` (\d+)$`).FindStringSubmatch(out)
+		if m == nil {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(m[1], 10, 64)
+		return v, err == nil
+	}
+	const localNP = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total"
+	before, ok := scrape(localNP)
+	if !ok {
+		e.errorf(t, "iptables mode exports no %s", localNP)
+	}
+	if _, err := netns.Dial(e.c.Node, netns.TCP, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), np), dialTimeout); err != nil {
+		e.errorf(t, "NodePort %d on 127.0.0.1 in iptables mode: %v", np, err)
+	}
+	if after, _ := scrape(localNP); after != before+1 {
+		e.errorf(t, "%s went from %d to %d over one connection, want +1", localNP, before, after)
+	}
+	if _, ok := scrape("kubeproxy_iptables_ct_state_invalid_dropped_packets_total"); !ok {
+		e.errorf(t, "iptables mode exports no kubeproxy_iptables_ct_state_invalid_dropped_packets_total")
+	}
 }
 
 // trafficFixture starts ready pods with labels sel, creates a dual-stack Service

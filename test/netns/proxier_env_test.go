@@ -31,6 +31,7 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/family"
 	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
 	"github.com/dsproxy/dsproxy/pkg/ipvs"
+	"github.com/dsproxy/dsproxy/pkg/nfacct"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
@@ -253,7 +254,8 @@ func (e *proxyNode) startProxier(f *family.Family) *pxFamily {
 			e.t.Fatalf("%s: %v", f, err)
 		}
 		// Three ports per transaction: full syncs here take the chunked path.
-		if pf.ib, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14, LocalhostNodePorts: true, MaxPortsPerTx: 3}); err != nil {
+		if pf.ib, err = iptables.New(f, r, iptables.Options{MasqueradeBit: 14, LocalhostNodePorts: true, MaxPortsPerTx: 3,
+			NFAcct: nfacct.NewAt(e.c.Node.Handle())}); err != nil {
 			e.t.Fatalf("%s: %v", f, err)
 		}
 		backend = proxier.Within(pf.ib, func(fn func() error) error { return RunIn(e.c.Node, fn) })

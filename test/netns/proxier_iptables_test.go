@@ -7,9 +7,11 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/nfacct"
 )
 
 // TestIPTablesRepairAndCleanup is TestProxierRepairAndCleanup for the iptables
@@ -101,6 +103,62 @@ func TestIPTablesLocalhostNodePorts(t *testing.T) {
 	}
 	if r, err := Dial(e.c.Node, TCP, netip.AddrPortFrom(netip.IPv6Loopback(), s.nodePortOf(TCP)), pxDropWait); err == nil {
 		e.fatalf(t, "tcp [::1] NodePort answered (%v); IPv6 has no localhost NodePorts", r)
+	}
+}
+
+// TestIPTablesNFAcct: kube-proxy's two nfacct counters, in both iptables
+// flavours. Connections accepted on a localhost NodePort count once each, and
+// nothing else does; packets conntrack marks invalid (a SYN+FIN) are dropped in
+// the forward path and counted, in both families.
+func TestIPTablesNFAcct(t *testing.T) {
+	for _, mode := range []string{modeIPTables, modeIPTablesLegacy} {
+		t.Run(mode, func(t *testing.T) {
+			e := newProxyNodeMode(t, mode)
+			a := e.c.AddPod("pod-a")
+			a.Serve(TCP, pxPodPort)
+			a.Serve(UDP, pxPodPort)
+			s := svcSpec{name: "np", n: 31, typ: "NodePort", nodePort: 30310, eps: []*NS{a}}
+			e.apply(s)
+			e.sync(false)
+			acct := nfacct.NewAt(e.c.Node.Handle())
+			count := func(name string) uint64 {
+				t.Helper()
+				c, err := acct.Get(name)
+				if err != nil {
+					e.fatalf(t, "%v", err)
+				}
+				return c.Packets
+			}
+			local, invalid := count(nfacct.LocalhostNodePortsAccepted), count(nfacct.CTStateInvalidDropped)
+			lo := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), s.nodePortOf(TCP))
+			for range 3 {
+				if r := e.dial(t, e.c.Node, TCP, lo); r.Server != a.Name {
+					e.fatalf(t, "127.0.0.1 NodePort: answered by %s, want %s", r.Server, a)
+				}
+			}
+			// Not localhost NodePort connections: the node IP's NodePort, the ClusterIP.
+			e.dial(t, e.c.Node, TCP, netip.AddrPortFrom(e.c.Node.IPv4, s.nodePortOf(TCP)))
+			e.dial(t, e.c.Node, TCP, netip.AddrPortFrom(testaddr.Svc(family.IPv4, s.n), pxSvcPort))
+			if got := count(nfacct.LocalhostNodePortsAccepted) - local; got != 3 {
+				e.fatalf(t, "%s counted %d connections, want 3", nfacct.LocalhostNodePortsAccepted, got)
+			}
+			sent := 0
+			for _, f := range family.All {
+				for i := range 2 {
+					if err := SendTCPSegment(e.c.External, netip.AddrPortFrom(a.IP(f), pxPodPort), uint16(40000+i), TCPSyn|TCPFin); err != nil {
+						e.fatalf(t, "%v", err)
+					}
+					sent++
+				}
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for count(nfacct.CTStateInvalidDropped)-invalid < uint64(sent) && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got := count(nfacct.CTStateInvalidDropped) - invalid; got != uint64(sent) {
+				e.fatalf(t, "%s counted %d packets, want %d", nfacct.CTStateInvalidDropped, got, sent)
+			}
+		})
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/family"
 	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
 	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nfacct"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
 
@@ -48,6 +49,11 @@ type Options struct {
 	// then, as in kube-proxy, DSPROXY-FORWARD does not drop packets conntrack
 	// marks invalid.
 	TCPBeLiberal bool
+	// NFAcct, when set, holds kube-proxy's nfacct counters, which the rules count
+	// into once they exist: dropped invalid packets, and (IPv4, with
+	// LocalhostNodePorts) connections accepted on localhost NodePorts. The
+	// metrics read them from there.
+	NFAcct nfacct.Interface
 }
 
 const defaultMaxPortsPerTx = 1000
@@ -65,6 +71,10 @@ type Backend struct {
 	// synced is false until a sync succeeds and after a failed one: the next sync
 	// then rewrites and reconciles everything.
 	synced bool
+	// counters holds the nfacct objects known to exist; warned that their
+	// first check is done.
+	counters map[string]bool
+	warned   bool
 }
 
 // written is what the backend wrote for the service ports: their chains, the
@@ -202,6 +212,9 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	// (changedPorts rewrites that chain); any other node change rewrites all.
 	rewriteAll := reconcile || (req.NodeChanged && !b.sameNodeButReserved(req.Node))
 	b.synced = false // until this sync succeeds
+	if reconcile {
+		b.ensureCounters()
+	}
 	mask := uint32(1) << b.opts.MasqueradeBit
 	c := &config{
 		node:        req.Node,
@@ -209,6 +222,8 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		masqMark:    fmt.Sprintf("%#x/%#x", mask, mask),
 		random:      b.r.HasRandomFully(),
 		keepInvalid: b.opts.TCPBeLiberal,
+		acctInvalid: b.counters[nfacct.CTStateInvalidDropped],
+		acctLocalNP: b.counters[nfacct.LocalhostNodePortsAccepted],
 		localhostNP: b.opts.LocalhostNodePorts && b.f.RouteLocalnetSysctl != "" &&
 			(req.Node.NodePortAddresses.MatchAll || len(req.Node.NodePortAddresses.Loopback) > 0),
 	}
@@ -262,6 +277,27 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	b.node = req.Node
 	b.synced = true
 	return res, nil
+}
+
+// ensureCounters creates the nfacct objects the rules count into, if missing,
+// and records which exist; a rule names only those (iptables-restore fails on
+// a rule naming a missing object). Failures are logged, once per counter until
+// it works: the metric is missing, nothing else.
+func (b *Backend) ensureCounters() {
+	if b.opts.NFAcct == nil {
+		return
+	}
+	if b.counters == nil {
+		b.counters = map[string]bool{}
+	}
+	for _, name := range []string{nfacct.CTStateInvalidDropped, nfacct.LocalhostNodePortsAccepted} {
+		err := b.opts.NFAcct.Ensure(name)
+		if err != nil && (b.counters[name] || !b.warned) {
+			klog.ErrorS(err, "nfacct counter unavailable; its metric will not be updated", "counter", name, "ipFamily", b.f.Name)
+		}
+		b.counters[name] = err == nil
+	}
+	b.warned = true
 }
 
 // rulesTotal counts the rules the backend owns, per table: those of the port chains

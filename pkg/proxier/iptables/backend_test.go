@@ -17,6 +17,7 @@ import (
 	"github.com/dsproxy/dsproxy/internal/porttest"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nfacct"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
@@ -316,6 +317,14 @@ func TestRules(t *testing.T) {
 			opts:  Options{TCPBeLiberal: true},
 			want:  []string{`^-A DSPROXY-FORWARD .*--ctstate RELATED,ESTABLISHED -j ACCEPT$`},
 			avoid: []string{`INVALID`}},
+		{name: "nfacct counter on the invalid drop", f: family.IPv6, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1) },
+			opts:  Options{NFAcct: nfacct.NewFake()},
+			want:  []string{`^-A DSPROXY-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP$`},
+			avoid: []string{`localhost_nps_accepted_pkts`}},
+		{name: "nfacct unavailable", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1) },
+			opts:  Options{NFAcct: &nfacct.Fake{Err: errors.New("no nfnetlink_acct")}},
+			want:  []string{`^-A DSPROXY-FORWARD -m conntrack --ctstate INVALID -j DROP$`},
+			avoid: []string{`nfacct`}},
 	}
 	for _, c := range checks {
 		t.Run(c.name, func(t *testing.T) {

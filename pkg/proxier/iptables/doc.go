@@ -37,7 +37,9 @@
 //	  DSPROXY-MASQ-NONLOCAL: <from local pods> -j RETURN; -j DSPROXY-MARK-MASQ
 //	  DSPROXY-MARK-MASQ:   -j MARK --or-mark <masquerade bit>
 //	  DSPROXY-SEP-<e>:     -s <endpoint> -j DSPROXY-MARK-MASQ (hairpin); [-m recent --set] -j DNAT
-//	  DSPROXY-POSTROUTING: unmarked RETURN; clear the bit; MASQUERADE [--random-fully]
+//	  DSPROXY-POSTROUTING: unmarked RETURN; [IPv4 localhost NodePorts: count DNATed
+//	                       from 127/8 into nfacct localhost_nps_accepted_pkts];
+//	                       clear the bit; MASQUERADE [--random-fully]
 //	filter (new connections):
 //	  INPUT:   DSPROXY-PROXY-FIREWALL, DSPROXY-EXTERNAL-SERVICES, DSPROXY-NODEPORTS, DSPROXY-FIREWALL
 //	  FORWARD: DSPROXY-PROXY-FIREWALL, DSPROXY-FORWARD, DSPROXY-SERVICES, DSPROXY-EXTERNAL-SERVICES
@@ -52,7 +54,8 @@
 //	                             NodePorts the other family reserves REJECT
 //	  DSPROXY-PROXY-FIREWALL:    VIPs with source ranges DROP (allowed sources were DNATed)
 //	  DSPROXY-NODEPORTS:         health check node ports ACCEPT
-//	  DSPROXY-FORWARD:           ct INVALID DROP (not with nf_conntrack_tcp_be_liberal);
+//	  DSPROXY-FORWARD:           ct INVALID DROP, counted into nfacct ct_state_invalid_dropped_pkts
+//	                             (not with nf_conntrack_tcp_be_liberal);
 //	                             marked ACCEPT; ESTABLISHED,RELATED ACCEPT
 //	  DSPROXY-FIREWALL:          IPv4 with localhost NodePorts: 127/8 from outside DROP
 //

@@ -11,6 +11,7 @@ import (
 
 	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
 	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nfacct"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
 
@@ -98,6 +99,8 @@ type config struct {
 	random      bool   // MASQUERADE --random-fully
 	localhostNP bool   // IPv4 NodePorts on 127.0.0.0/8 (kube-proxy's localhostNodePorts)
 	keepInvalid bool   // no ct INVALID DROP (Options.TCPBeLiberal)
+	acctInvalid bool   // the INVALID DROP counts into nfacct.CTStateInvalidDropped
+	acctLocalNP bool   // localhost NodePort connections count into nfacct.LocalhostNodePortsAccepted
 }
 
 // shape is which chains one service port has.
@@ -507,6 +510,13 @@ func (c *config) nodeTails(nat, filter *rules) {
 	}
 	nat.tail(chainMasqNonLocal, "-j", chainMarkMasq)
 	nat.tail(chainPostrouting, "-m mark ! --mark", c.masqMark, "-j RETURN")
+	if c.localhostNP && c.acctLocalNP {
+		// Every localhost NodePort connection with endpoints is DNATed and marked
+		// for masquerading; nothing else DNATs from 127.0.0.0/8. Its first packet
+		// passes here once, as in kube-proxy's per-NodePort counting rule.
+		nat.tail(chainPostrouting, comment("localhost NodePort connections"), "-m conntrack --ctstate DNAT --ctorigdst", f.Loopback.String(),
+			"-m nfacct --nfacct-name", nfacct.LocalhostNodePortsAccepted)
+	}
 	nat.tail(chainPostrouting, "-j MARK --xor-mark", c.masqBit)
 	masq := "-j MASQUERADE"
 	if c.random {
@@ -514,7 +524,11 @@ func (c *config) nodeTails(nat, filter *rules) {
 	}
 	nat.tail(chainPostrouting, comment("dsproxy service traffic requiring SNAT"), masq)
 
-	if !c.keepInvalid {
+	switch {
+	case c.keepInvalid:
+	case c.acctInvalid:
+		filter.tail(chainForward, "-m conntrack --ctstate INVALID -m nfacct --nfacct-name", nfacct.CTStateInvalidDropped, "-j DROP")
+	default:
 		filter.tail(chainForward, "-m conntrack --ctstate INVALID", "-j DROP")
 	}
 	filter.tail(chainForward, comment("dsproxy forwarding rules"), "-m mark --mark", c.masqMark, "-j ACCEPT")
