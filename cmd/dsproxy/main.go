@@ -51,6 +51,9 @@ func run(args []string) error {
 	if cfg.Cleanup || cfg.CleanupKubeProxy {
 		return app.Cleanup(ctx, cfg.CleanupKubeProxy, cfg.IPVS.ExcludeCIDRs)
 	}
+	if cfg.InitOnly {
+		return app.InitOnly(cfg)
+	}
 	rc, err := app.RESTConfig(cfg)
 	if err != nil {
 		return err

@@ -14,6 +14,6 @@ cd "$root/test/netns"
 cd "$root/pkg/ipvs"
 "$bin/ipvs.test" -test.count=1 -test.v
 cd "$root/pkg/app"
-"$bin/app.test" -test.count=1 -test.v -test.run '^(TestCleanupOtherModeIPVS|TestCleanupKubeProxyIPVS)$'
+"$bin/app.test" -test.count=1 -test.v -test.run '^(TestCleanupOtherModeIPVS|TestCleanupKubeProxyIPVS|TestInitOnlyIPVS)$'
 cd "$root/test/e2e"
 DSPROXY_E2E_BIN=$bin/dsproxy "$bin/e2e.test" -test.count=1 -test.v -test.run '^TestIPVSMode$' -test.timeout 20m

@@ -396,19 +396,23 @@ func (d *Daemon) applyConntrackSysctls() {
 		klog.InfoS("Not in the host network namespace; leaving conntrack sysctls alone")
 		return
 	}
-	c := d.cfg.Conntrack
-	s := conntrack.Sysctls{MaxPerCore: int(c.MaxPerCore), Min: int(c.Min),
-		TCPEstablishedTimeout: c.TCPEstablishedTimeout, TCPCloseWaitTimeout: c.TCPCloseWaitTimeout,
-		TCPBeLiberal: c.TCPBeLiberal, UDPTimeout: c.UDPTimeout, UDPStreamTimeout: c.UDPStreamTimeout}
-	if err := s.Apply(conntrack.HostSysFS, runtime.NumCPU()); err != nil {
+	if err := conntrackSysctls(d.cfg).Apply(conntrack.HostSysFS, runtime.NumCPU()); err != nil {
 		klog.ErrorS(err, "Some conntrack settings could not be applied")
 	}
 }
 
-// inHostNetns reports whether dsproxy runs in the host's network namespace (that
-// of PID 1).
+// conntrackSysctls are kube-proxy's conntrack settings of cfg.
+func conntrackSysctls(cfg *config.Config) conntrack.Sysctls {
+	c := cfg.Conntrack
+	return conntrack.Sysctls{MaxPerCore: int(c.MaxPerCore), Min: int(c.Min),
+		TCPEstablishedTimeout: c.TCPEstablishedTimeout, TCPCloseWaitTimeout: c.TCPCloseWaitTimeout,
+		TCPBeLiberal: c.TCPBeLiberal, UDPTimeout: c.UDPTimeout, UDPStreamTimeout: c.UDPStreamTimeout}
+}
+
+// inHostNetns reports whether the calling thread is in the host's network
+// namespace (that of PID 1); dsproxy's threads all are, or none.
 func inHostNetns() bool {
-	self, err1 := os.Readlink("/proc/self/ns/net")
+	self, err1 := os.Readlink("/proc/thread-self/ns/net")
 	host, err2 := os.Readlink("/proc/1/ns/net")
 	return err1 == nil && err2 == nil && self == host
 }

@@ -14,6 +14,7 @@ import (
 	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nfacct"
+	"github.com/dsproxy/dsproxy/pkg/nodeport"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
 
@@ -224,8 +225,7 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		keepInvalid: b.opts.TCPBeLiberal,
 		acctInvalid: b.counters[nfacct.CTStateInvalidDropped],
 		acctLocalNP: b.counters[nfacct.LocalhostNodePortsAccepted],
-		localhostNP: b.opts.LocalhostNodePorts && b.f.RouteLocalnetSysctl != "" &&
-			(req.Node.NodePortAddresses.MatchAll || len(req.Node.NodePortAddresses.Loopback) > 0),
+		localhostNP: LocalhostNodePorts(b.f, b.opts.LocalhostNodePorts, req.Node.NodePortAddresses),
 	}
 	nat, filter := newRules(natGlobal), newRules(filterGlobal)
 	c.nodeTails(nat, filter)
@@ -265,7 +265,7 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 	if c.localhostNP {
 		// Without it localhost NodePorts do not answer; everything else does, so
 		// it is logged, not a failed sync (which would retry as a full one).
-		if err := ensureSysctl(b.f.RouteLocalnetSysctl, "1"); err != nil {
+		if err := EnableRouteLocalnet(b.f); err != nil {
 			klog.ErrorS(err, "Localhost NodePorts will not work", "ipFamily", b.f.Name)
 		}
 	}
@@ -515,6 +515,22 @@ func (b *Backend) changedPorts(c *config, req *proxier.SyncRequest, nat, filter 
 			}
 		}
 	}
+}
+
+// LocalhostNodePorts reports whether f's NodePorts answer on loopback addresses
+// (kube-proxy's --iptables-localhost-nodeports, enabled): only IPv4's can, and only
+// where the NodePort addresses include loopback ones.
+func LocalhostNodePorts(f *family.Family, enabled bool, a nodeport.Addresses) bool {
+	return enabled && f.RouteLocalnetSysctl != "" && (a.MatchAll || len(a.Loopback) > 0)
+}
+
+// EnableRouteLocalnet sets the sysctl that lets f's packets to loopback
+// addresses be routed off the node, which localhost NodePorts need.
+func EnableRouteLocalnet(f *family.Family) error {
+	if f.RouteLocalnetSysctl == "" {
+		return fmt.Errorf("%s has no route_localnet sysctl", f)
+	}
+	return ensureSysctl(f.RouteLocalnetSysctl, "1")
 }
 
 // ensureSysctl writes v to the sysctl file path unless it holds v already.

@@ -621,6 +621,24 @@ func (b *Backend) excluded(a netip.Addr) bool {
 	return false
 }
 
+// Sysctls are the sysctls (name under /proc/sys, value) the IPVS mode sets for
+// family f; with strictARP the node does not answer ARP for the addresses on the
+// dummy link.
+func Sysctls(f *family.Family, strictARP bool) [][2]string {
+	sysctls := [][2]string{
+		// IPVS keeps conntrack entries, so the nat table can masquerade.
+		{"net/ipv4/vs/conntrack", "1"},
+		// Connections to a deleted real server are dropped at their next packet
+		// rather than hanging; templates of a drained one expire.
+		{"net/ipv4/vs/expire_nodest_conn", "1"},
+		{"net/ipv4/vs/expire_quiescent_template", "1"},
+	}
+	if strictARP && f.BitLen == 32 {
+		sysctls = append(sysctls, [2]string{"net/ipv4/conf/all/arp_ignore", "1"}, [2]string{"net/ipv4/conf/all/arp_announce", "2"})
+	}
+	return sysctls
+}
+
 // setup creates the dummy link and the ipsets, sets IPVS's sysctls, and writes
 // the iptables rules with the jumps to them; a missing jump counts as a repair
 // when the kernel was synced before.
@@ -633,18 +651,7 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 			return err
 		}
 	}
-	sysctls := [][2]string{
-		// IPVS keeps conntrack entries, so the nat table can masquerade.
-		{"net/ipv4/vs/conntrack", "1"},
-		// Connections to a deleted real server are dropped at their next packet
-		// rather than hanging; templates of a drained one expire.
-		{"net/ipv4/vs/expire_nodest_conn", "1"},
-		{"net/ipv4/vs/expire_quiescent_template", "1"},
-	}
-	if b.opts.StrictARP && b.f.BitLen == 32 {
-		sysctls = append(sysctls, [2]string{"net/ipv4/conf/all/arp_ignore", "1"}, [2]string{"net/ipv4/conf/all/arp_announce", "2"})
-	}
-	for _, s := range sysctls {
+	for _, s := range Sysctls(b.f, b.opts.StrictARP) {
 		if err := b.opts.Sysctl(s[0], s[1]); err != nil {
 			return err
 		}

@@ -1,0 +1,96 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"runtime"
+
+	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/config"
+	"github.com/dsproxy/dsproxy/pkg/conntrack"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/ipvs"
+	"github.com/dsproxy/dsproxy/pkg/nodeport"
+	"github.com/dsproxy/dsproxy/pkg/proxier/iptables"
+	ipvsbackend "github.com/dsproxy/dsproxy/pkg/proxier/ipvs"
+)
+
+// InitOnly is kube-proxy's --init-only: it does the setup that needs full root
+// privileges, so that dsproxy can then run with only CAP_NET_ADMIN (an init
+// container runs it, the proxy's container runs without privileges). It programs
+// no rule and, unlike kube-proxy, does not contact the API server: nothing it
+// does depends on the cluster. The setup:
+//   - the conntrack sysctls (--conntrack-*), in the host's network namespace;
+//   - iptables mode, when IPv4 NodePorts answer on 127.0.0.1 (the default):
+//     net.ipv4.conf.all.route_localnet=1;
+//   - IPVS mode: loading IPVS, and its sysctls (with --ipvs-strict-arp the ARP
+//     ones).
+//
+// A running dsproxy logs such failures and serves anyway; InitOnly returns them,
+// so an init container that cannot do its one job fails.
+func InitOnly(cfg *config.Config) error {
+	var errs []error
+	if inHostNetns() {
+		if err := conntrackSysctls(cfg).Apply(conntrack.HostSysFS, runtime.NumCPU()); err != nil {
+			errs = append(errs, fmt.Errorf("conntrack sysctls: %w", err))
+		}
+	} else {
+		klog.InfoS("Not in the host network namespace; leaving conntrack sysctls alone")
+	}
+	switch cfg.ProxyMode {
+	case config.ModeIPTables:
+		on, err := localhostNodePorts(cfg)
+		if err != nil {
+			errs = append(errs, err)
+		} else if on {
+			if err := iptables.EnableRouteLocalnet(family.IPv4); err != nil {
+				errs = append(errs, fmt.Errorf("localhost NodePorts: %w", err))
+			}
+		}
+	case config.ModeIPVS:
+		for _, f := range family.All {
+			k, err := ipvs.Open(f, "", true) // loads the ip_vs modules
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: ipvs mode: %w", f, err))
+				continue
+			}
+			k.Close()
+			for _, s := range ipvsbackend.Sysctls(f, cfg.IPVS.StrictARP) {
+				if err := ipvs.SetSysctl(s[0], s[1]); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("--init-only: %w", err)
+	}
+	klog.InfoS("System initialized and --init-only specified", "mode", cfg.ProxyMode)
+	return nil
+}
+
+// localhostNodePorts reports whether the iptables mode will serve IPv4 NodePorts
+// on loopback addresses, from the flags alone. "primary" is taken to exclude
+// them: the node's primary IP is not a loopback address (kube-proxy reads it from
+// the Node; dsproxy's init does not ask the API server), and setting
+// route_localnet when it is not needed is what kube-proxy avoids.
+func localhostNodePorts(cfg *config.Config) (bool, error) {
+	if !cfg.IPTables.LocalhostNodePorts {
+		return false, nil
+	}
+	specs, err := nodeport.ParseAddresses(cfg.NodePortAddresses)
+	if err != nil {
+		return false, fmt.Errorf("--nodeport-addresses: %w", err)
+	}
+	spec := specs[family.IPv4]
+	if spec.Primary {
+		return false, nil
+	}
+	a, err := spec.Resolve(nodeport.SystemAddrs{}, netip.Addr{})
+	if err != nil {
+		return false, err
+	}
+	return iptables.LocalhostNodePorts(family.IPv4, true, a), nil
+}
