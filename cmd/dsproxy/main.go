@@ -35,6 +35,9 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if done, err := app.PrintVersion(os.Stdout, cfg.Version); done || err != nil {
+		return err
+	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
@@ -48,7 +51,10 @@ func run(args []string) error {
 	// until the next dsproxy (or anything else) takes over.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if cfg.Cleanup || cfg.CleanupKubeProxy {
+	if cfg.WriteConfigTo != "" {
+		return app.WriteConfig(cfg)
+	}
+	if cfg.Cleanup {
 		return app.Cleanup(ctx, cfg.CleanupKubeProxy, cfg.IPVS.ExcludeCIDRs)
 	}
 	if cfg.InitOnly {
@@ -67,7 +73,8 @@ func run(args []string) error {
 		return err
 	}
 	defer d.Close()
-	klog.InfoS("dsproxy starting", "families", fmt.Sprint(d.Families()))
+	app.ApplyOOMScoreAdj(cfg.OOMScoreAdj)
+	klog.InfoS("dsproxy starting", "version", app.Version(), "families", fmt.Sprint(d.Families()))
 	if err := d.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}

@@ -52,24 +52,33 @@ func Cleanup(ctx context.Context, kubeProxy bool, ipvsExclude []string) error {
 		if err := cleanupIPVSMode(ctx, f); err != nil {
 			errs = append(errs, err)
 		}
-		if kubeProxy {
-			tx := nft.NewTx(f)
-			tx.DeleteTable(KubeProxyTable)
-			if err := k.Apply(ctx, tx); err != nil {
-				errs = append(errs, fmt.Errorf("%s: deleting kube-proxy's table: %w", f, err))
-			}
-		}
-		klog.InfoS("Cleaned up", "ipFamily", f.Name, "kubeProxy", kubeProxy)
+		klog.InfoS("Cleaned up", "ipFamily", f.Name)
 	}
 	if kubeProxy {
-		if err := cleanupKubeProxyIPTables(ctx); err != nil {
-			errs = append(errs, err)
-		}
-		if err := cleanupKubeProxyIPVS(ctx, exclude); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, cleanupKubeProxy(ctx, k, exclude, false))
 	}
 	return errors.Join(errs...)
+}
+
+// cleanupKubeProxy removes kube-proxy's state in all of its modes: its nftables
+// tables, its iptables KUBE- chains and the rules jumping to them, and its IPVS
+// mode's kube-ipvs0 link, KUBE- ipsets and virtual servers (every one outside
+// exclude, as kube-proxy's own cleanup, unless keepIPVSServices: dsproxy's IPVS
+// mode owns the family's virtual servers, those kube-proxy left included).
+// Missing state is not an error.
+func cleanupKubeProxy(ctx context.Context, k nft.Kernel, exclude []netip.Prefix, keepIPVSServices bool) error {
+	var errs []error
+	for _, f := range family.All {
+		tx := nft.NewTx(f)
+		tx.DeleteTable(KubeProxyTable)
+		if err := k.Apply(ctx, tx); err != nil {
+			errs = append(errs, fmt.Errorf("%s: deleting kube-proxy's table: %w", f, err))
+		}
+	}
+	errs = append(errs, cleanupKubeProxyIPTables(ctx), cleanupKubeProxyIPVS(ctx, exclude, keepIPVSServices))
+	err := errors.Join(errs...)
+	klog.InfoS("Removed kube-proxy's state", "errors", err != nil)
+	return err
 }
 
 // parseExcludeCIDRs parses --ipvs-exclude-cidrs.

@@ -3,6 +3,7 @@ package app
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -90,6 +91,11 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 	if err != nil {
 		return nil, fmt.Errorf("--nodeport-addresses: %w", err)
 	}
+	// --cleanup-kube-proxy keeps kube-proxy's IPVS virtual servers in these.
+	kubeProxyExclude, err := parseExcludeCIDRs(cfg.IPVS.ExcludeCIDRs)
+	if err != nil {
+		return nil, err
+	}
 	d := &Daemon{cfg: cfg, client: client, nodeName: name, spec: spec,
 		registry: nodeport.New(klog.Background()), proxiers: map[*family.Family]*proxier.Proxier{}, metrics: metrics.New()}
 	nodeport.MustRegister(d.metrics.Registry())
@@ -139,6 +145,14 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 		defer k.Close()
 		if err := cleanupOtherMode(ctx, cfg.ProxyMode, ipt.Resolve(ctx, family.IPv4, d.iptFlavor), k); err != nil {
 			klog.ErrorS(err, "Removing the other proxy mode's rules")
+		}
+		if cfg.CleanupKubeProxy {
+			// Big kube-proxy iptables rulesets take a while to save and undo.
+			kctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			if err := cleanupKubeProxy(kctx, k, kubeProxyExclude, cfg.ProxyMode == config.ModeIPVS); err != nil {
+				klog.ErrorS(err, "Removing kube-proxy's state")
+			}
 		}
 	})
 	if d.meta, err = metaproxier.New(fps...); err != nil {
@@ -290,17 +304,27 @@ func (d *Daemon) Proxier(f *family.Family) *proxier.Proxier { return d.proxiers[
 // whose endpoints were not listed yet), then runs both families until ctx is done.
 // Stopping leaves the rules in place: a restarted dsproxy takes over from them.
 func (d *Daemon) Run(ctx context.Context) error {
-	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics, d.cfg.ProxyMode, d.cfg.EnableProfiling))
-	go serveHTTP(ctx, "healthz", d.cfg.HealthzBindAddress, d.health.Handler())
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var fail func(error) // kube-proxy's --bind-address-hard-fail: a server failure stops the proxy
+	if d.cfg.BindAddressHardFail {
+		fail = cancel
+	}
+	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics, d.cfg.ProxyMode, d.cfg.EnableProfiling), fail)
+	go serveHTTP(ctx, "healthz", d.cfg.HealthzBindAddress, d.health.Handler(), fail)
 	defer d.svcHC.Close()
 	d.applyConntrackSysctls()
 	h := &handler{MetaProxier: d.meta, d: d}
-	if err := watch.Start(ctx, d.client, h, watch.Options{NodeName: d.nodeName, ResyncPeriod: d.cfg.ConfigSyncPeriod, ServiceCIDRs: true}); err != nil {
-		return err
+	err := watch.Start(ctx, d.client, h, watch.Options{NodeName: d.nodeName, ResyncPeriod: d.cfg.ConfigSyncPeriod, ServiceCIDRs: true})
+	if err == nil {
+		// The first syncs, not the informers' lists, make the cold start's peak.
+		d.restoreGC = tightenGC(coldStartGCPercent)
+		err = d.meta.Run(ctx)
 	}
-	// The first syncs, not the informers' lists, make the cold start's peak.
-	d.restoreGC = tightenGC(coldStartGCPercent)
-	return d.meta.Run(ctx)
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause // a server failed with --bind-address-hard-fail
+	}
+	return err
 }
 
 // Close releases the netlink connections.

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"runtime"
+	"strconv"
 
 	"k8s.io/klog/v2"
 
@@ -93,4 +95,35 @@ func localhostNodePorts(cfg *config.Config) (bool, error) {
 		return false, err
 	}
 	return iptables.LocalhostNodePorts(family.IPv4, true, a), nil
+}
+
+// WriteConfig is kube-proxy's --write-config-to: it writes the effective
+// configuration, defaults filled in, as a KubeProxyConfiguration file that
+// --config reads back.
+func WriteConfig(cfg *config.Config) error {
+	data, err := cfg.EncodeYAML()
+	if err != nil {
+		return fmt.Errorf("--write-config-to: %w", err)
+	}
+	if err := os.WriteFile(cfg.WriteConfigTo, data, 0o644); err != nil {
+		return fmt.Errorf("--write-config-to: %w", err)
+	}
+	klog.InfoS("Wrote configuration", "file", cfg.WriteConfigTo)
+	return nil
+}
+
+// ApplyOOMScoreAdj sets the process's OOM score adjustment (--oom-score-adj,
+// kube-proxy's default -999: the proxy is among the last to be killed). As in
+// kube-proxy, a failure is logged, not fatal.
+func ApplyOOMScoreAdj(v int32) {
+	if err := applyOOMScoreAdj("/proc/self/oom_score_adj", v); err != nil {
+		klog.V(2).InfoS("Failed to apply the OOM score adjustment", "err", err)
+	}
+}
+
+func applyOOMScoreAdj(path string, v int32) error {
+	if v < -1000 || v > 1000 {
+		return fmt.Errorf("oom_score_adj %d outside [-1000, 1000]", v)
+	}
+	return os.WriteFile(path, []byte(strconv.Itoa(int(v))), 0o644)
 }

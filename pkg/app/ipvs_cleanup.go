@@ -21,10 +21,11 @@ const kubeProxyIPVSLink = "kube-ipvs0"
 
 // cleanupKubeProxyIPVS removes what kube-proxy's IPVS mode leaves, as its own
 // --cleanup does: every IPVS virtual server of both families but those in
-// exclude (--ipvs-exclude-cidrs), the kube-ipvs0 link, and the KUBE- ipsets. It runs after the KUBE- chains are gone (a set a
-// rule uses cannot be destroyed), and loads neither IPVS nor ipset where they are
-// not loaded: then nothing of them can be left.
-func cleanupKubeProxyIPVS(_ context.Context, exclude []netip.Prefix) error {
+// exclude (--ipvs-exclude-cidrs; none with keepServices), the kube-ipvs0 link,
+// and the KUBE- ipsets. It runs after the KUBE- chains are gone (a set a rule
+// uses cannot be destroyed), and loads neither IPVS nor ipset where they are not
+// loaded: then nothing of them can be left.
+func cleanupKubeProxyIPVS(_ context.Context, exclude []netip.Prefix, keepServices bool) error {
 	var errs []error
 	for _, f := range family.All {
 		k, err := ipvs.Open(f, "", false)
@@ -32,8 +33,11 @@ func cleanupKubeProxyIPVS(_ context.Context, exclude []netip.Prefix) error {
 			errs = append(errs, fmt.Errorf("%s: %w", f, err))
 			continue
 		}
-		svcs, err := k.Services()
-		errs = append(errs, err)
+		var svcs []ipvs.Service
+		if !keepServices {
+			svcs, err = k.Services()
+			errs = append(errs, err)
+		}
 		n := 0
 		for _, s := range svcs {
 			if slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(s.Addr) }) {

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -59,9 +60,11 @@ func (l *localState) update(f *family.Family, st *model.State) {
 	l.svcHC.SyncEndpoints(allCounts)
 }
 
-// serveHTTP serves h on addr until ctx is done, retrying a failed listen every 5 s
-// as kube-proxy does; an empty addr disables the server.
-func serveHTTP(ctx context.Context, name, addr string, h http.Handler) {
+// serveHTTP serves h on addr until ctx is done, retrying a failed listen or
+// server every 5 s as kube-proxy does; an empty addr disables the server. With
+// fail set (--bind-address-hard-fail) it does not retry: it calls fail with the
+// error and returns.
+func serveHTTP(ctx context.Context, name, addr string, h http.Handler, fail func(error)) {
 	if addr == "" {
 		return
 	}
@@ -77,6 +80,11 @@ func serveHTTP(ctx context.Context, name, addr string, h http.Handler) {
 			if err = srv.Serve(l); errors.Is(err, http.ErrServerClosed) {
 				return
 			}
+		}
+		if fail != nil {
+			klog.ErrorS(err, "Server failed; --bind-address-hard-fail is set", "server", name, "address", addr)
+			fail(fmt.Errorf("%s server on %s: %w", name, addr, err))
+			return
 		}
 		klog.ErrorS(err, "Server failed; retrying", "server", name, "address", addr)
 		select {

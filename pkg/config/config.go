@@ -56,8 +56,10 @@ type Config struct {
 	WriteConfigTo string
 	// Cleanup (--cleanup): remove dsproxy's own rules and exit.
 	Cleanup bool
-	// CleanupKubeProxy (--cleanup-kube-proxy, dsproxy only): remove rules left
-	// behind by kube-proxy (iptables/ipvs/nftables) before starting.
+	// CleanupKubeProxy (--cleanup-kube-proxy, dsproxy only): remove what
+	// kube-proxy left (its nftables tables, iptables chains, IPVS state) once
+	// dsproxy has programmed every family, so no connection sees a gap; with
+	// Cleanup, remove it with dsproxy's own state and exit.
 	CleanupKubeProxy bool
 	// InitOnly (--init-only): perform privileged initialization and exit.
 	InitOnly bool

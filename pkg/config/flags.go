@@ -90,7 +90,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		fs.StringVar(&o.version, "version", "", "--version, --version=raw prints version information and quits; --version=vX.Y.Z... sets the reported version")
 		fs.Lookup("version").NoOptDefVal = "true"
 		fs.StringVar(&o.nodeIP, "node-ip", "", "[dsproxy] The node IP(s) to use, in kubelet --node-ip syntax (KEP-3705): an IP, a dual-stack pair, or 'IPv4'/'IPv6'. Applies with or without --config.")
-		fs.BoolVar(&o.cleanupKubeProxy, "cleanup-kube-proxy", false, "[dsproxy] If true, remove rules left by kube-proxy before starting. Applies with or without --config.")
+		fs.BoolVar(&o.cleanupKubeProxy, "cleanup-kube-proxy", false, "[dsproxy] If true, remove what kube-proxy left (nftables tables, iptables chains, IPVS state) once dsproxy has programmed both families, so that no connection sees a gap; with --cleanup, remove it with dsproxy's own state and exit. Applies with or without --config.")
 	}
 
 	trackFileMapped(func() {
