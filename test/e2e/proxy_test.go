@@ -16,13 +16,16 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,6 +49,7 @@ func TestProxy(t *testing.T) {
 		"d1",             // Delete
 		"r1", "r2", "r3", // DsproxyRestart
 		"m1", "m2", "m3", // ModeSwitch
+		"t1", "t2", "t3", "t4", // KubeProxyTakeover
 		"k1", "k2", // APIServerRestart
 	)
 	t.Run("Services", func(t *testing.T) { testServices(t, e) })
@@ -54,6 +58,7 @@ func TestProxy(t *testing.T) {
 	t.Run("Delete", func(t *testing.T) { testDelete(t, e) })
 	t.Run("DsproxyRestart", func(t *testing.T) { testDsproxyRestart(t, e) })
 	t.Run("ModeSwitch", func(t *testing.T) { testModeSwitch(t, e) })
+	t.Run("KubeProxyTakeover", func(t *testing.T) { testKubeProxyTakeover(t, e) })
 	// Before APIServerRestart: a restarted kube-apiserver briefly answers
 	// "forbidden" to everyone until its RBAC authorizer has caught up.
 	t.Run("Manifests", func(t *testing.T) { testManifests(t, e) })
@@ -444,6 +449,173 @@ func testModeSwitch(t *testing.T, e *env) {
 		}
 	}
 	e.checkAlive(t)
+}
+
+// testKubeProxyTakeover is the migration from kube-proxy, for its iptables and
+// nftables modes: the real kube-proxy v1.36 serves a Service, then stops as
+// when its DaemonSet is deleted (its rules stay and keep serving), and dsproxy
+// starts with --cleanup-kube-proxy while clients keep dialling the ClusterIPs
+// and a NodePort, and connections kube-proxy translated keep exchanging data.
+// No connection may fail; once dsproxy has programmed both families, nothing of
+// kube-proxy is left in the kernel, and dsproxy follows an endpoint change.
+func testKubeProxyTakeover(t *testing.T, e *env) {
+	sel := map[string]string{"app": "takeover"}
+	vips, targets, _ := e.trafficFixture(t, sel, corev1.ServiceTypeNodePort, "t1", "t2")
+	pods := []string{"t1", "t2"}
+	kubeProxyState := func() (state string) {
+		if out, _ := netns.Exec(e.c.Node, "nft", "list", "tables"); strings.Contains(out, "kube-proxy") {
+			state += " nftables table kube-proxy;"
+		}
+		for _, save := range []string{"iptables-save", "ip6tables-save"} {
+			if out, _ := netns.Exec(e.c.Node, save); strings.Contains(out, "KUBE-SERVICES") {
+				state += " " + save + " KUBE-SERVICES;"
+			}
+		}
+		return state
+	}
+	for i, mode := range []string{"iptables", "nftables"} {
+		// Hand the node to kube-proxy alone.
+		if err := e.cur().stop(); err != nil {
+			e.fatalf(t, "stopping dsproxy: %v", err)
+		}
+		if out, err := netns.Exec(e.c.Node, e.bin, "--cleanup"); err != nil {
+			e.fatalf(t, "dsproxy --cleanup: %v\n%s", err, out)
+		}
+		kp := startKubeProxy(t, e, mode)
+		if _, err := waitBackends(e.c.Node, vips, pods, converge); err != nil {
+			kp.stop()
+			e.fatalf(t, "kube-proxy %s mode does not serve: %v\n%s", mode, err, kp.tail())
+		}
+		if err := kp.stop(); err != nil {
+			e.fatalf(t, "kube-proxy on SIGTERM: %v", err)
+		}
+		if kubeProxyState() == "" {
+			e.fatalf(t, "kube-proxy %s mode left nothing in the kernel", mode)
+		}
+		var echoes []*echoConn
+		for _, vip := range vips {
+			echo := netip.AddrPortFrom(vip.Addr(), echoPort)
+			ec, err := openEcho(e.c.Node, echo)
+			if err != nil {
+				e.fatalf(t, "long-lived connection to %s through kube-proxy's rules: %v", echo, err)
+			}
+			defer ec.c.Close()
+			echoes = append(echoes, ec)
+		}
+
+		pr := startProber(20*time.Millisecond, targets, echoes)
+		time.Sleep(300 * time.Millisecond)
+		e.mu.Lock()
+		e.args = []string{"--cleanup-kube-proxy"}
+		e.mu.Unlock()
+		start := time.Now()
+		p := e.startDsproxy(t)
+		if err := p.waitLog(converge, `"Removed kube-proxy's state" errors=false`); err != nil {
+			e.errorf(t, "after kube-proxy %s mode: %v", mode, err)
+		}
+		t.Logf("dsproxy removed kube-proxy %s mode's state %v after start", mode, time.Since(start).Round(time.Millisecond))
+		if left := kubeProxyState(); left != "" {
+			e.errorf(t, "kube-proxy state left after dsproxy took over from its %s mode:%s", mode, left)
+		}
+		added := []string{"t3", "t4"}[i]
+		e.addPods(t, sel, true, added)
+		pods = append(pods, added)
+		if _, err := waitBackends(e.c.Node, vips, pods, converge); err != nil {
+			e.errorf(t, "dsproxy after kube-proxy %s mode does not follow an endpoint change: %v", mode, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		dials, failures := pr.finish()
+		t.Logf("%s mode: %d dials, %d long-lived pings across the takeover", mode, dials, echoes[0].n+echoes[1].n)
+		if dials < 3*len(targets) {
+			e.errorf(t, "only %d dials across the takeover; the prober did not keep up", dials)
+		}
+		if len(failures) > 0 {
+			e.errorf(t, "%d of %d connections failed while dsproxy took over from kube-proxy's %s mode:\n%s", len(failures), dials, mode, strings.Join(failures, "\n"))
+		}
+		for _, ec := range echoes {
+			if err := ec.ping(); err != nil {
+				e.errorf(t, "connection kube-proxy translated, after the takeover: %v", err)
+			}
+		}
+	}
+	e.mu.Lock()
+	e.args = nil
+	e.mu.Unlock()
+	e.checkAlive(t)
+}
+
+// kubeProxyProc is a kube-proxy process in the node.
+type kubeProxyProc struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error // Wait's result, after done
+}
+
+// startKubeProxy runs the control plane's kube-proxy v1.36 in the node in mode,
+// as the node's DaemonSet would (the conntrack sysctls left alone: some are
+// global to the machine).
+func startKubeProxy(t *testing.T, e *env, mode string) *kubeProxyProc {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "kube-proxy.yaml")
+	y := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %s
+hostnameOverride: %s
+mode: %s
+clusterCIDR: 10.64.0.0/16,fd00:64::/56
+metricsBindAddress: 127.0.0.1:10349
+healthzBindAddress: 127.0.0.1:10356
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+`, e.cp.LinkKubeconfig, e.node, mode)
+	if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kp := &kubeProxyProc{log: filepath.Join(e.dir, "kube-proxy-"+mode+".log"), done: make(chan struct{})}
+	f, err := os.Create(kp.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	kp.cmd = exec.Command("ip", "netns", "exec", e.c.Node.NetnsName, filepath.Join(e.cp.Bin, "kube-proxy"), "--config", cfg, "-v=2")
+	kp.cmd.Stdout, kp.cmd.Stderr = f, f
+	if err := kp.cmd.Start(); err != nil {
+		t.Fatalf("start kube-proxy: %v", err)
+	}
+	go func() {
+		kp.err = kp.cmd.Wait()
+		close(kp.done)
+	}()
+	t.Cleanup(func() { _ = kp.stop() })
+	return kp
+}
+
+// stop sends SIGTERM and waits (SIGKILL after 15 s); kube-proxy leaves its rules.
+func (kp *kubeProxyProc) stop() error {
+	_ = kp.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-kp.done:
+		var exit *exec.ExitError
+		if errors.As(kp.err, &exit) && exit.ExitCode() == -1 {
+			return nil // killed by the signal: its way of stopping
+		}
+		return kp.err
+	case <-time.After(15 * time.Second):
+		_ = kp.cmd.Process.Kill()
+		<-kp.done
+		return fmt.Errorf("kube-proxy ignored SIGTERM for 15s; killed")
+	}
+}
+
+func (kp *kubeProxyProc) tail() string {
+	data, _ := os.ReadFile(kp.log)
+	return framework.Tail(string(data), 30)
 }
 
 // checkNFAcctMetrics checks the iptables mode's nfacct-backed metrics
