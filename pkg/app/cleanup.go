@@ -55,18 +55,16 @@ func Cleanup(ctx context.Context, kubeProxy bool, ipvsExclude []string) error {
 		klog.InfoS("Cleaned up", "ipFamily", f.Name)
 	}
 	if kubeProxy {
-		errs = append(errs, cleanupKubeProxy(ctx, k, exclude, false))
+		errs = append(errs, cleanupKubeProxy(ctx, k, ipvsScope{exclude: exclude}))
 	}
 	return errors.Join(errs...)
 }
 
 // cleanupKubeProxy removes kube-proxy's state in all of its modes: its nftables
 // tables, its iptables KUBE- chains and the rules jumping to them, and its IPVS
-// mode's kube-ipvs0 link, KUBE- ipsets and virtual servers (every one outside
-// exclude, as kube-proxy's own cleanup, unless keepIPVSServices: dsproxy's IPVS
-// mode owns the family's virtual servers, those kube-proxy left included).
+// mode's kube-ipvs0 link, KUBE- ipsets and the virtual servers scope selects.
 // Missing state is not an error.
-func cleanupKubeProxy(ctx context.Context, k nft.Kernel, exclude []netip.Prefix, keepIPVSServices bool) error {
+func cleanupKubeProxy(ctx context.Context, k nft.Kernel, scope ipvsScope) error {
 	var errs []error
 	for _, f := range family.All {
 		tx := nft.NewTx(f)
@@ -75,7 +73,7 @@ func cleanupKubeProxy(ctx context.Context, k nft.Kernel, exclude []netip.Prefix,
 			errs = append(errs, fmt.Errorf("%s: deleting kube-proxy's table: %w", f, err))
 		}
 	}
-	errs = append(errs, cleanupKubeProxyIPTables(ctx), cleanupKubeProxyIPVS(ctx, exclude, keepIPVSServices))
+	errs = append(errs, cleanupKubeProxyIPTables(ctx), cleanupKubeProxyIPVS(ctx, scope))
 	err := errors.Join(errs...)
 	klog.InfoS("Removed kube-proxy's state", "errors", err != nil)
 	return err

@@ -91,7 +91,7 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 	if err != nil {
 		return nil, fmt.Errorf("--nodeport-addresses: %w", err)
 	}
-	// --cleanup-kube-proxy keeps kube-proxy's IPVS virtual servers in these.
+	// --cleanup-kube-proxy keeps IPVS virtual servers in these.
 	kubeProxyExclude, err := parseExcludeCIDRs(cfg.IPVS.ExcludeCIDRs)
 	if err != nil {
 		return nil, err
@@ -150,7 +150,9 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 			// Big kube-proxy iptables rulesets take a while to save and undo.
 			kctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			if err := cleanupKubeProxy(kctx, k, kubeProxyExclude, cfg.ProxyMode == config.ModeIPVS); err != nil {
+			scope := ipvsScope{none: cfg.ProxyMode == config.ModeIPVS, kubeProxyOnly: true, exclude: kubeProxyExclude,
+				nodePorts: nodePortKeys(d.registry.Snapshot())}
+			if err := cleanupKubeProxy(kctx, k, scope); err != nil {
 				klog.ErrorS(err, "Removing kube-proxy's state")
 			}
 		}
@@ -458,4 +460,13 @@ func tcpBeLiberal(procSys string, willSet bool) bool {
 	}
 	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	return err == nil && v != 0
+}
+
+// nodePortKeys are the NodePorts claimed, as IPVS keys without an address.
+func nodePortKeys(claims []nodeport.Claim) map[ipvs.Key]bool {
+	out := make(map[ipvs.Key]bool, len(claims))
+	for _, c := range claims {
+		out[ipvs.Key{Proto: model.ProtoNumber(c.Key.Protocol), Port: c.Key.Port}] = true
+	}
+	return out
 }

@@ -19,14 +19,53 @@ import (
 // addresses to.
 const kubeProxyIPVSLink = "kube-ipvs0"
 
-// cleanupKubeProxyIPVS removes what kube-proxy's IPVS mode leaves, as its own
-// --cleanup does: every IPVS virtual server of both families but those in
-// exclude (--ipvs-exclude-cidrs; none with keepServices), the kube-ipvs0 link,
-// and the KUBE- ipsets. It runs after the KUBE- chains are gone (a set a rule
-// uses cannot be destroyed), and loads neither IPVS nor ipset where they are not
-// loaded: then nothing of them can be left.
-func cleanupKubeProxyIPVS(_ context.Context, exclude []netip.Prefix, keepServices bool) error {
+// ipvsScope says which IPVS virtual servers --cleanup-kube-proxy removes.
+type ipvsScope struct {
+	// none: dsproxy's IPVS mode owns every virtual server of the family,
+	// those kube-proxy left included.
+	none bool
+	// kubeProxyOnly: for a dsproxy that keeps running, only what kube-proxy's
+	// IPVS mode made: virtual servers on kube-ipvs0's addresses (ClusterIPs,
+	// ExternalIPs, load-balancer IPs) and, on other addresses, at a port that is
+	// a Service's NodePort (nodePorts, by protocol number and port). Other IPVS
+	// users' virtual servers stay. Otherwise every virtual server outside
+	// exclude goes, as with kube-proxy's own --cleanup.
+	kubeProxyOnly bool
+	nodePorts     map[ipvs.Key]bool // Addr unset
+	exclude       []netip.Prefix
+}
+
+// selects reports whether s goes; linkAddrs are kube-ipvs0's addresses.
+func (sc ipvsScope) selects(s ipvs.Key, linkAddrs []netip.Addr) bool {
+	switch {
+	case sc.none:
+		return false
+	case slices.ContainsFunc(sc.exclude, func(p netip.Prefix) bool { return p.Contains(s.Addr) }):
+		return false
+	case sc.kubeProxyOnly:
+		return slices.Contains(linkAddrs, s.Addr) || sc.nodePorts[ipvs.Key{Proto: s.Proto, Port: s.Port}]
+	}
+	return true
+}
+
+// cleanupKubeProxyIPVS removes what kube-proxy's IPVS mode leaves: the virtual
+// servers scope selects, the kube-ipvs0 link, and the KUBE- ipsets. It runs
+// after the KUBE- chains are gone (a set a rule uses cannot be destroyed), and
+// loads neither IPVS nor ipset where they are not loaded: then nothing of them
+// can be left.
+func cleanupKubeProxyIPVS(_ context.Context, scope ipvsScope) error {
 	var errs []error
+	var linkAddrs []netip.Addr
+	link, linkErr := netlink.LinkByName(kubeProxyIPVSLink)
+	if linkErr == nil {
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+		errs = append(errs, err)
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				linkAddrs = append(linkAddrs, ip.Unmap())
+			}
+		}
+	}
 	for _, f := range family.All {
 		k, err := ipvs.Open(f, "", false)
 		if err != nil {
@@ -34,13 +73,13 @@ func cleanupKubeProxyIPVS(_ context.Context, exclude []netip.Prefix, keepService
 			continue
 		}
 		var svcs []ipvs.Service
-		if !keepServices {
+		if !scope.none {
 			svcs, err = k.Services()
 			errs = append(errs, err)
 		}
 		n := 0
 		for _, s := range svcs {
-			if slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(s.Addr) }) {
+			if !scope.selects(s.Key, linkAddrs) {
 				continue
 			}
 			errs = append(errs, k.DelService(s.Key))
@@ -60,8 +99,8 @@ func cleanupKubeProxyIPVS(_ context.Context, exclude []netip.Prefix, keepService
 		}
 		k.Close()
 	}
-	if l, err := netlink.LinkByName(kubeProxyIPVSLink); err == nil {
-		if err := netlink.LinkDel(l); err != nil {
+	if linkErr == nil {
+		if err := netlink.LinkDel(link); err != nil {
 			errs = append(errs, fmt.Errorf("deleting %s: %w", kubeProxyIPVSLink, err))
 		} else {
 			klog.InfoS("Removed kube-proxy's IPVS link", "link", kubeProxyIPVSLink)

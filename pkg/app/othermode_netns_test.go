@@ -273,74 +273,95 @@ func testCleanupOtherModeIPVS(t *testing.T, ns vnetns.NsHandle) {
 }
 
 // TestCleanupKubeProxyIPVS leaves what kube-proxy's IPVS mode leaves (virtual
-// servers, kube-ipvs0, a KUBE- ipset) beside someone else's ipset and a virtual
-// server in --ipvs-exclude-cidrs, and checks that --cleanup-kube-proxy's IPVS
-// part removes kube-proxy's and keeps the others.
+// servers, kube-ipvs0, KUBE- ipsets) beside someone else's ipset and virtual
+// server, and checks what --cleanup-kube-proxy removes: with --cleanup, every
+// virtual server outside --ipvs-exclude-cidrs, as kube-proxy's own cleanup;
+// while dsproxy keeps running, only kube-proxy's (on kube-ipvs0's addresses or
+// at a NodePort), or none in dsproxy's IPVS mode. The link and the KUBE- ipsets
+// go in every case, the other ipset never.
 func TestCleanupKubeProxyIPVS(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
 	netnstest.RequireIPVS(t)
-	// In --ipvs-exclude-cidrs: cleanup keeps it.
-	kept := ipvs.Key{Addr: netip.MustParseAddr("172.16.0.5"), Proto: 6, Port: 443}
-	inNewNetns(t, func(t *testing.T, _ vnetns.NsHandle) {
-		for _, cmd := range [][]string{
-			{"ip", "link", "add", kubeProxyIPVSLink, "type", "dummy"},
-			{"ip", "addr", "add", "10.96.0.10/32", "dev", kubeProxyIPVSLink},
-			{"ipset", "create", "KUBE-CLUSTER-IP", "hash:ip,port"},
-			{"ipset", "add", "KUBE-CLUSTER-IP", "10.96.0.10,tcp:80"},
-			{"ipset", "create", "someone-else", "hash:ip"},
-		} {
-			if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
-				t.Errorf("%v: %v %s", cmd, err, out)
-				return
-			}
-		}
-		for _, f := range family.All {
-			k, err := ipvs.Open(f, "", true)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			a := netip.MustParseAddr("10.96.0.10")
-			if f == family.IPv6 {
-				a = netip.MustParseAddr("fd00:96::10")
-			}
-			err = k.AddService(ipvs.Service{Key: ipvs.Key{Addr: a, Proto: 6, Port: 80}, Scheduler: "rr"})
-			if err == nil && f == family.IPv4 {
-				err = k.AddService(ipvs.Service{Key: kept, Scheduler: "rr"})
-			}
-			k.Close()
-			if err != nil {
-				t.Error(err)
-				return
-			}
-		}
-		if err := cleanupKubeProxyIPVS(context.Background(), []netip.Prefix{netip.MustParsePrefix("172.16.0.0/12")}); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-		for _, f := range family.All {
-			k, err := ipvs.Open(f, "", true)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			svcs, err := k.Services()
-			k.Close()
-			want := 0
-			if f == family.IPv4 {
-				want = 1
-			}
-			if err != nil || len(svcs) != want || want == 1 && svcs[0].Key != kept {
-				t.Errorf("%s: virtual servers left %v (%v), want only the excluded %s", f, svcs, err, kept)
-			}
-		}
-		if out, err := exec.Command("ip", "link", "show", kubeProxyIPVSLink).CombinedOutput(); err == nil {
-			t.Errorf("%s left:\n%s", kubeProxyIPVSLink, out)
-		}
-		out, err := exec.Command("ipset", "list", "-n").CombinedOutput()
-		if err != nil || strings.Contains(string(out), "KUBE-") || !strings.Contains(string(out), "someone-else") {
-			t.Errorf("ipsets after cleanup (want someone-else only): %v\n%s", err, out)
-		}
-	})
+	vip := map[*family.Family]ipvs.Key{
+		family.IPv4: {Addr: netip.MustParseAddr("10.96.0.10"), Proto: 6, Port: 80},
+		family.IPv6: {Addr: netip.MustParseAddr("fd00:96::10"), Proto: 6, Port: 80},
+	}
+	nodePort := ipvs.Key{Addr: netip.MustParseAddr("192.0.2.1"), Proto: 6, Port: 30080}
+	other := ipvs.Key{Addr: netip.MustParseAddr("172.16.0.5"), Proto: 6, Port: 443} // someone else's
+	all := []ipvs.Key{vip[family.IPv4], vip[family.IPv6], nodePort, other}
+	for _, c := range []struct {
+		name  string
+		scope ipvsScope
+		left  []ipvs.Key
+	}{
+		{"cleanup, other in --ipvs-exclude-cidrs", ipvsScope{exclude: []netip.Prefix{netip.MustParsePrefix("172.16.0.0/12")}}, []ipvs.Key{other}},
+		{"cleanup", ipvsScope{}, nil},
+		{"running", ipvsScope{kubeProxyOnly: true, nodePorts: map[ipvs.Key]bool{{Proto: 6, Port: 30080}: true}}, []ipvs.Key{other}},
+		{"running in ipvs mode", ipvsScope{none: true, kubeProxyOnly: true}, all},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			inNewNetns(t, func(t *testing.T, _ vnetns.NsHandle) {
+				for _, cmd := range [][]string{
+					{"ip", "link", "add", kubeProxyIPVSLink, "type", "dummy"},
+					{"ip", "addr", "add", "10.96.0.10/32", "dev", kubeProxyIPVSLink},
+					{"ip", "addr", "add", "fd00:96::10/128", "dev", kubeProxyIPVSLink},
+					{"ipset", "create", "KUBE-CLUSTER-IP", "hash:ip,port"},
+					{"ipset", "add", "KUBE-CLUSTER-IP", "10.96.0.10,tcp:80"},
+					{"ipset", "create", "someone-else", "hash:ip"},
+				} {
+					if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+						t.Errorf("%v: %v %s", cmd, err, out)
+						return
+					}
+				}
+				for _, key := range all {
+					k, err := ipvs.Open(family.Of(key.Addr), "", true)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					err = k.AddService(ipvs.Service{Key: key, Scheduler: "rr"})
+					k.Close()
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				if err := cleanupKubeProxyIPVS(context.Background(), c.scope); err != nil {
+					t.Errorf("cleanup: %v", err)
+				}
+				var left []ipvs.Key
+				for _, f := range family.All {
+					k, err := ipvs.Open(f, "", true)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					svcs, err := k.Services()
+					k.Close()
+					if err != nil {
+						t.Error(err)
+					}
+					for _, s := range svcs {
+						left = append(left, s.Key)
+					}
+				}
+				for _, key := range all {
+					if slices.Contains(left, key) != slices.Contains(c.left, key) {
+						t.Errorf("virtual servers left %v, want %v", left, c.left)
+						break
+					}
+				}
+				if out, err := exec.Command("ip", "link", "show", kubeProxyIPVSLink).CombinedOutput(); err == nil {
+					t.Errorf("%s left:\n%s", kubeProxyIPVSLink, out)
+				}
+				out, err := exec.Command("ipset", "list", "-n").CombinedOutput()
+				if err != nil || strings.Contains(string(out), "KUBE-") || !strings.Contains(string(out), "someone-else") {
+					t.Errorf("ipsets after cleanup (want someone-else only): %v\n%s", err, out)
+				}
+			})
+		})
+	}
 }

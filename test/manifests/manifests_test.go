@@ -81,20 +81,36 @@ func TestDaemonSet(t *testing.T) {
 	if err := os.WriteFile(dir+"/config.conf", []byte(cm.Data["config.conf"]), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var args []string
-	for _, a := range c.Command[1:] {
-		a = strings.ReplaceAll(a, "$(NODE_NAME)", "node-a")
-		args = append(args, strings.ReplaceAll(a, "/var/lib/dsproxy", dir))
+	parse := func(cmd []string) *config.Config {
+		t.Helper()
+		var args []string
+		for _, a := range cmd[1:] {
+			a = strings.ReplaceAll(a, "$(NODE_NAME)", "node-a")
+			args = append(args, strings.ReplaceAll(a, "/var/lib/dsproxy", dir))
+		}
+		cfg, err := config.Parse(args)
+		if err != nil {
+			t.Fatalf("DaemonSet args %v: %v", args, err)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
 	}
-	cfg, err := config.Parse(args)
-	if err != nil {
-		t.Fatalf("DaemonSet args %v: %v", args, err)
+	cfg := parse(c.Command)
+	if cfg.HostnameOverride != "node-a" || !cfg.CleanupKubeProxy || cfg.InitOnly {
+		t.Fatalf("proxy container: hostname override %q, --cleanup-kube-proxy %v, --init-only %v", cfg.HostnameOverride, cfg.CleanupKubeProxy, cfg.InitOnly)
 	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
+	// The init container does the privileged setup, with the same configuration.
+	if len(spec.InitContainers) != 1 {
+		t.Fatalf("%d init containers, want 1 (dsproxy --init-only)", len(spec.InitContainers))
 	}
-	if cfg.HostnameOverride != "node-a" {
-		t.Fatalf("hostname override %q", cfg.HostnameOverride)
+	ic := spec.InitContainers[0]
+	if ic.Image != c.Image || ic.SecurityContext == nil || ic.SecurityContext.Privileged == nil || !*ic.SecurityContext.Privileged {
+		t.Fatalf("init container: image %q (proxy %q), want the same, privileged", ic.Image, c.Image)
+	}
+	if init := parse(ic.Command); !init.InitOnly || init.ProxyMode != cfg.ProxyMode {
+		t.Fatalf("init container: --init-only %v, mode %s (proxy: %s)", init.InitOnly, init.ProxyMode, cfg.ProxyMode)
 	}
 }
 
