@@ -69,6 +69,7 @@ type Daemon struct {
 	// packets conntrack marks invalid.
 	tcpBeLiberal bool
 	acct         *nfacct.Netlink // iptables mode
+	events       *recorder       // nil without an API client
 }
 
 // New assembles the daemon: it reads the Node for node IPs and decides which
@@ -100,7 +101,11 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 		registry: nodeport.New(klog.Background()), proxiers: map[*family.Family]*proxier.Proxier{}, metrics: metrics.New()}
 	nodeport.MustRegister(d.metrics.Registry())
 	d.health = healthcheck.NewProxyHealthServer(healthcheck.ProxyHealthConfig{Health: d.Health, Recorder: d.metrics})
-	d.svcHC = healthcheck.NewServiceHealthServer(healthcheck.ServiceHealthConfig{ProxyHealthy: d.health.Healthy})
+	if client != nil {
+		d.events = newRecorder(client, name)
+	}
+	d.svcHC = healthcheck.NewServiceHealthServer(healthcheck.ServiceHealthConfig{ProxyHealthy: d.health.Healthy,
+		OnListenError: d.events.healthCheckFailed})
 	d.local = newLocalState(d.metrics, d.svcHC)
 	node := waitForNode(ctx, client, name, 30*time.Second)
 	d.health.SetNode(node)
@@ -308,17 +313,24 @@ func (d *Daemon) Proxier(f *family.Family) *proxier.Proxier { return d.proxiers[
 func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	var fail func(error) // kube-proxy's --bind-address-hard-fail: a server failure stops the proxy
-	if d.cfg.BindAddressHardFail {
-		fail = cancel
+	// kube-proxy's --bind-address-hard-fail: a server failure stops the proxy.
+	fail := func(server string) func(error) {
+		if !d.cfg.BindAddressHardFail {
+			return nil
+		}
+		return func(err error) {
+			d.events.serverFailed(server, err)
+			cancel(err)
+		}
 	}
-	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics, d.cfg.ProxyMode, d.cfg.EnableProfiling), fail)
-	go serveHTTP(ctx, "healthz", d.cfg.HealthzBindAddress, d.health.Handler(), fail)
+	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics, d.cfg.ProxyMode, d.cfg.EnableProfiling), fail("metrics"))
+	go serveHTTP(ctx, "healthz", d.cfg.HealthzBindAddress, d.health.Handler(), fail("healthz"))
 	defer d.svcHC.Close()
 	d.applyConntrackSysctls()
 	h := &handler{MetaProxier: d.meta, d: d}
 	err := watch.Start(ctx, d.client, h, watch.Options{NodeName: d.nodeName, ResyncPeriod: d.cfg.ConfigSyncPeriod, ServiceCIDRs: true})
 	if err == nil {
+		d.events.starting(fmt.Sprintf("dsproxy %s, %s mode", Version(), d.cfg.ProxyMode))
 		// The first syncs, not the informers' lists, make the cold start's peak.
 		d.restoreGC = tightenGC(coldStartGCPercent)
 		err = d.meta.Run(ctx)
@@ -329,8 +341,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return err
 }
 
-// Close releases the netlink connections.
+// Close releases the netlink connections and waits a little for Events being
+// posted.
 func (d *Daemon) Close() {
+	d.events.flush(5 * time.Second)
 	for _, k := range d.kernels {
 		_ = k.Close()
 	}

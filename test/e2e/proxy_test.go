@@ -53,6 +53,7 @@ func TestProxy(t *testing.T) {
 		"k1", "k2", // APIServerRestart
 	)
 	t.Run("Services", func(t *testing.T) { testServices(t, e) })
+	t.Run("StartingEvent", func(t *testing.T) { testStartingEvent(t, e) })
 	t.Run("Scaling", func(t *testing.T) { testScaling(t, e) })
 	t.Run("FamilyPolicy", func(t *testing.T) { testFamilyPolicy(t, e) })
 	t.Run("Delete", func(t *testing.T) { testDelete(t, e) })
@@ -449,6 +450,29 @@ func testModeSwitch(t *testing.T, e *env) {
 		}
 	}
 	e.checkAlive(t)
+}
+
+// testStartingEvent: as kube-proxy, dsproxy reports its start with a Starting
+// Event about its Node (events.k8s.io/v1, reporting controller dsproxy).
+func testStartingEvent(t *testing.T, e *env) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		list, err := e.cp.Client.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			e.fatalf(t, "listing Events: %v", err)
+		}
+		for _, ev := range list.Items {
+			if ev.Regarding.Kind == "Node" && ev.Regarding.Name == e.node && ev.Reason == "Starting" &&
+				ev.ReportingController == "dsproxy" && ev.Type == corev1.EventTypeNormal {
+				t.Logf("Event: %s %s %s: %s", ev.Type, ev.Reason, ev.Regarding.Name, ev.Note)
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			e.fatalf(t, "no Starting Event about node %s among %d Events", e.node, len(list.Items))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // testKubeProxyTakeover is the migration from kube-proxy, for its iptables and
