@@ -270,6 +270,7 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 		Runner:        runnerOptions(d.cfg),
 		Observer:      d.metrics,
 		Conntrack:     conntrack.New(),
+		NoExternalIPs: !gateEnabled(d.cfg, "AllowServiceExternalIPs", true),
 		// Called after every successful full sync, the first one included.
 		LocalStateChanged: func(f *family.Family, st *model.State) {
 			d.local.update(f, st)
@@ -483,4 +484,13 @@ func nodePortKeys(claims []nodeport.Claim) map[ipvs.Key]bool {
 		out[ipvs.Key{Proto: model.ProtoNumber(c.Key.Protocol), Port: c.Key.Port}] = true
 	}
 	return out
+}
+
+// gateEnabled reads one of kube-proxy's feature gates from --feature-gates
+// (config featureGates), def when not set.
+func gateEnabled(cfg *config.Config, name string, def bool) bool {
+	if v, ok := cfg.FeatureGates[name]; ok {
+		return v
+	}
+	return def
 }

@@ -43,3 +43,14 @@ func TestTCPBeLiberal(t *testing.T) {
 		}
 	}
 }
+
+// kube-proxy's feature gates as dsproxy reads them: set, or the default.
+func TestGateEnabled(t *testing.T) {
+	cfg := &config.Config{FeatureGates: map[string]bool{"AllowServiceExternalIPs": false}}
+	if gateEnabled(cfg, "AllowServiceExternalIPs", true) {
+		t.Error("AllowServiceExternalIPs=false read as enabled")
+	}
+	if !gateEnabled(&config.Config{}, "AllowServiceExternalIPs", true) {
+		t.Error("unset AllowServiceExternalIPs read as disabled")
+	}
+}

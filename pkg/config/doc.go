@@ -52,6 +52,8 @@
 //   - ClusterCIDRs are validated in every detect-local mode, not only in
 //     ClusterCIDR mode.
 //   - featureGates names are not checked (they are kube-proxy's gates, not
-//     dsproxy's); only the logging gates are interpreted, for logging
-//     validation.
+//     dsproxy's). The logging gates are interpreted, for logging validation,
+//     and AllowServiceExternalIPs=false makes the proxy ignore Services'
+//     externalIPs, as kube-proxy does; kube-proxy v1.36's other proxy gates
+//     are locked to their defaults.
 package config

@@ -23,6 +23,10 @@ type EndpointsMap map[ServicePortName][]Endpoint
 // any goroutine; Checkout is called by the goroutine that owns the ServiceMap.
 type ServiceTracker struct {
 	family *family.Family
+	// NoExternalIPs leaves every Service's spec.externalIPs out, as kube-proxy
+	// does with --feature-gates=AllowServiceExternalIPs=false. Set it before
+	// the first Update.
+	NoExternalIPs bool
 
 	mu      sync.Mutex
 	applied map[types.NamespacedName][]*ServicePort
@@ -51,6 +55,11 @@ func (t *ServiceTracker) Update(prev, cur *v1.Service) bool {
 	}
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	ports, skips := ServicePorts(t.family, cur)
+	if t.NoExternalIPs {
+		for _, p := range ports {
+			p.ExternalIPs = nil
+		}
+	}
 	for _, sk := range skips {
 		klog.V(2).InfoS("Ignoring part of Service", "ipFamily", t.family.Name, "reason", sk.Error())
 	}

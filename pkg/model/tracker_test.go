@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dsproxy/dsproxy/internal/testaddr"
@@ -139,5 +140,31 @@ func TestStatePrevious(t *testing.T) {
 	st.Update(svcs, eps, NodeInfo{}, tr.Checkout(svcs, false), false)
 	if st.Previous[names[0]] != before || len(st.Ports) != 0 {
 		t.Fatalf("deleted port: previous %v", st.Previous)
+	}
+}
+
+// With NoExternalIPs (kube-proxy's AllowServiceExternalIPs=false) a Service's
+// externalIPs are left out, and the rest of it is kept.
+func TestServiceTrackerNoExternalIPs(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		tr := NewServiceTracker(family.IPv4)
+		tr.NoExternalIPs = off
+		svc := &v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+			Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
+				ExternalIPs: []string{"203.0.113.7"}, Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}},
+		}
+		if !tr.Update(nil, svc) {
+			t.Fatal("no change recorded")
+		}
+		m := ServiceMap{}
+		tr.Checkout(m, false)
+		ports := m[types.NamespacedName{Namespace: "ns", Name: "web"}]
+		if len(ports) != 1 || ports[0].ClusterIP.String() != "10.96.0.10" {
+			t.Fatalf("NoExternalIPs=%v: ports %+v", off, ports)
+		}
+		if got := len(ports[0].ExternalIPs); got != map[bool]int{false: 1, true: 0}[off] {
+			t.Errorf("NoExternalIPs=%v: %d external IPs", off, got)
+		}
 	}
 }

@@ -46,6 +46,9 @@ type Config struct {
 	Observer Observer
 	// Conntrack, if set, deletes UDP and SCTP flows that changes made stale.
 	Conntrack conntrack.Cleaner
+	// NoExternalIPs ignores Services' spec.externalIPs (kube-proxy's
+	// --feature-gates=AllowServiceExternalIPs=false).
+	NoExternalIPs bool
 	// LocalStateChanged, if set, is called on the sync goroutine after a successful
 	// sync that may have changed what depends on local endpoints (health check node
 	// ports, no-local-endpoint counts). It may read st until it returns.
@@ -110,6 +113,7 @@ func New(cfg Config) (*Proxier, error) {
 		epMap:    model.EndpointsMap{},
 		state:    model.NewState(),
 	}
+	p.services.NoExternalIPs = cfg.NoExternalIPs
 	p.runner = runner.New(cfg.Family.Name, p.sync, cfg.Runner)
 	if cfg.NodePorts != nil {
 		cfg.NodePorts.OnChange(func(f *family.Family) {
