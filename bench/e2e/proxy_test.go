@@ -93,23 +93,7 @@ func startProxy(dir string, node *netns.NS, nodeName, kubeconfig string, bins bi
 			env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 		}
 		cfg := filepath.Join(dir, "kube-proxy.yaml")
-		// conntrack sysctls are left alone (0): nf_conntrack_max is read-only
-		// outside the initial network namespace.
-		y := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection:
-  kubeconfig: %s
-hostnameOverride: %s
-mode: %s
-clusterCIDR: %s
-metricsBindAddress: 127.0.0.1:10249
-healthzBindAddress: 127.0.0.1:10256
-conntrack:
-  maxPerCore: 0
-  min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
-`, kubeconfig, nodeName, mode, clusterCIDRs)
+		y := framework.KubeProxyConfig(kubeconfig, nodeName, mode, clusterCIDRs, "127.0.0.1:10249", "127.0.0.1:10256")
 		if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
 			return nil, err
 		}

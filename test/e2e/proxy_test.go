@@ -577,27 +577,12 @@ type kubeProxyProc struct {
 }
 
 // startKubeProxy runs the control plane's kube-proxy v1.36 in the node in mode,
-// as the node's DaemonSet would (the conntrack sysctls left alone: some are
-// global to the machine).
+// as the node's DaemonSet would.
 func startKubeProxy(t *testing.T, e *env, mode string) *kubeProxyProc {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "kube-proxy.yaml")
-	y := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection:
-  kubeconfig: %s
-hostnameOverride: %s
-mode: %s
-clusterCIDR: 10.64.0.0/16,fd00:64::/56
-metricsBindAddress: 127.0.0.1:10349
-healthzBindAddress: 127.0.0.1:10356
-conntrack:
-  maxPerCore: 0
-  min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
-`, e.cp.LinkKubeconfig, e.node, mode)
+	y := framework.KubeProxyConfig(e.cp.LinkKubeconfig, e.node, mode, "10.64.0.0/16,fd00:64::/56", "127.0.0.1:10349", "127.0.0.1:10356")
 	if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
 		t.Fatal(err)
 	}

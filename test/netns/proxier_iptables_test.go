@@ -81,17 +81,25 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 	})
 }
 
-// TestIPTablesLocalhostNodePorts: with localhostNodePorts (kube-proxy's iptables
-// default) an IPv4 NodePort answers on 127.0.0.1 from the node, masqueraded so the
-// endpoint can answer; IPv6 NodePorts never answer on ::1.
-func TestIPTablesLocalhostNodePorts(t *testing.T) {
-	e := newProxyNodeMode(t, modeIPTables)
+// newNodePortNode is a node in mode serving one NodePort Service over pod-a's
+// TCP and UDP servers, synced.
+func newNodePortNode(t *testing.T, mode string) (*proxyNode, *NS, svcSpec) {
+	t.Helper()
+	e := newProxyNodeMode(t, mode)
 	a := e.c.AddPod("pod-a")
 	a.Serve(TCP, pxPodPort)
 	a.Serve(UDP, pxPodPort)
 	s := svcSpec{name: "np", n: 31, typ: "NodePort", nodePort: 30310, eps: []*NS{a}}
 	e.apply(s)
 	e.sync(false)
+	return e, a, s
+}
+
+// TestIPTablesLocalhostNodePorts: with localhostNodePorts (kube-proxy's iptables
+// default) an IPv4 NodePort answers on 127.0.0.1 from the node, masqueraded so the
+// endpoint can answer; IPv6 NodePorts never answer on ::1.
+func TestIPTablesLocalhostNodePorts(t *testing.T) {
+	e, a, s := newNodePortNode(t, modeIPTables)
 	for _, p := range []Proto{TCP, UDP} {
 		r := e.dial(t, e.c.Node, p, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), s.nodePortOf(p)))
 		if r.Server != a.Name {
@@ -113,13 +121,7 @@ func TestIPTablesLocalhostNodePorts(t *testing.T) {
 func TestIPTablesNFAcct(t *testing.T) {
 	for _, mode := range []string{modeIPTables, modeIPTablesLegacy} {
 		t.Run(mode, func(t *testing.T) {
-			e := newProxyNodeMode(t, mode)
-			a := e.c.AddPod("pod-a")
-			a.Serve(TCP, pxPodPort)
-			a.Serve(UDP, pxPodPort)
-			s := svcSpec{name: "np", n: 31, typ: "NodePort", nodePort: 30310, eps: []*NS{a}}
-			e.apply(s)
-			e.sync(false)
+			e, a, s := newNodePortNode(t, mode)
 			acct := nfacct.NewAt(e.c.Node.Handle())
 			count := func(name string) uint64 {
 				t.Helper()

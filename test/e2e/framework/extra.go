@@ -264,3 +264,27 @@ current-context: dsproxy-cp
 `, server, base64.StdEncoding.EncodeToString(ca), name, tr.Status.Token, name)
 	return os.WriteFile(path, []byte(kc), 0o600)
 }
+
+// KubeProxyConfig is a KubeProxyConfiguration for running the control plane's
+// kube-proxy in a test node: the given kubeconfig, node name, mode ("iptables",
+// "nftables", "ipvs"), cluster CIDRs (comma-separated) and metrics and healthz
+// addresses. The conntrack sysctls are left alone (0): nf_conntrack_max is
+// read-only outside the initial network namespace, and others are global to the
+// machine.
+func KubeProxyConfig(kubeconfig, node, mode, clusterCIDRs, metricsAddr, healthzAddr string) string {
+	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %s
+hostnameOverride: %s
+mode: %s
+clusterCIDR: %s
+metricsBindAddress: %s
+healthzBindAddress: %s
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+`, kubeconfig, node, mode, clusterCIDRs, metricsAddr, healthzAddr)
+}
