@@ -70,6 +70,7 @@ type Daemon struct {
 	tcpBeLiberal bool
 	acct         *nfacct.Netlink // iptables mode
 	events       *recorder       // nil without an API client
+	ipvsChecked  bool            // the IPVS scheduler was checked
 }
 
 // New assembles the daemon: it reads the Node for node IPs and decides which
@@ -201,6 +202,14 @@ func (d *Daemon) newIPVSBackend(f *family.Family) (proxier.Backend, error) {
 		return nil, fmt.Errorf("%s: ipvs mode: %w", f, err)
 	}
 	d.closers = append(d.closers, k.Close)
+	if !d.ipvsChecked {
+		// As kube-proxy: a scheduler IPVS lacks is a startup error, not a sync
+		// failure forever.
+		if err := checkIPVSScheduler(cmp.Or(d.cfg.IPVS.Scheduler, "rr")); err != nil {
+			return nil, err
+		}
+		d.ipvsChecked = true
+	}
 	if err := k.SetTimeouts(d.cfg.IPVS.TCPTimeout, d.cfg.IPVS.TCPFinTimeout, d.cfg.IPVS.UDPTimeout); err != nil {
 		return nil, err
 	}
@@ -493,4 +502,17 @@ func gateEnabled(cfg *config.Config, name string, def bool) bool {
 		return v
 	}
 	return def
+}
+
+// checkIPVSScheduler checks that IPVS has the scheduler (ipvs.CheckScheduler).
+func checkIPVSScheduler(name string) error {
+	k, err := ipvs.Open(family.IPv4, "", true)
+	if err != nil {
+		return fmt.Errorf("ipvs mode: %w", err)
+	}
+	defer k.Close()
+	if err := k.CheckScheduler(name); err != nil {
+		return fmt.Errorf("ipvs mode: --ipvs-scheduler: %w", err)
+	}
+	return nil
 }

@@ -172,6 +172,34 @@ func (k *Kernel) mipvsService(s Service) *mipvs.Service {
 	return out
 }
 
+// probeService is the virtual server CheckScheduler adds and deletes at once: a
+// TEST-NET-2 address (RFC 5737), as kube-proxy's probe uses.
+var probeService = Key{Addr: netip.MustParseAddr("198.51.100.0"), Proto: 6, Port: 20000}
+
+// CheckScheduler checks that IPVS has the scheduler name (kube-proxy's
+// --ipvs-scheduler check): some virtual server of the family uses it already,
+// or a probe virtual server can be created with it (and is deleted again). A
+// kernel without the scheduler's module refuses it; without the check every
+// sync would fail. It is meant for the IPv4 Kernel.
+func (k *Kernel) CheckScheduler(name string) error {
+	if k.f.BitLen != 32 {
+		return fmt.Errorf("ipvs: CheckScheduler needs the IPv4 Kernel")
+	}
+	svcs, err := k.Services()
+	if err != nil {
+		return err
+	}
+	for _, s := range svcs {
+		if s.Scheduler == name {
+			return nil
+		}
+	}
+	if err := k.AddService(Service{Key: probeService, Scheduler: name}); err != nil {
+		return fmt.Errorf("ipvs: scheduler %q is not available (is the ip_vs_%s module?): %w", name, name, err)
+	}
+	return k.DelService(probeService)
+}
+
 // Services lists the family's virtual servers (not firewall-mark ones).
 func (k *Kernel) Services() ([]Service, error) {
 	if k.ipvs == nil {

@@ -8,12 +8,14 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsproxy/dsproxy/internal/netnstest"
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
@@ -157,6 +159,52 @@ func TestLink(t *testing.T) {
 		}
 		if _, err := netlink.LinkByName(LinkName); err == nil {
 			t.Error("link kept with no address on it")
+		}
+	})
+}
+
+// TestCheckScheduler: a scheduler IPVS has passes the check, which leaves no
+// virtual server behind; one it lacks fails it, naming the scheduler; an
+// existing virtual server with the scheduler passes without a probe.
+func TestCheckScheduler(t *testing.T) {
+	netnstest.RequireIPVS(t)
+	inNetns(t, func() {
+		k, err := Open(family.IPv4, "", true)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer k.Close()
+		for _, sched := range []string{"rr", "wlc"} {
+			if err := k.CheckScheduler(sched); err != nil {
+				t.Errorf("%s: %v", sched, err)
+			}
+		}
+		if svcs, err := k.Services(); err != nil || len(svcs) != 0 {
+			t.Errorf("virtual servers after the checks: %v (%v)", svcs, err)
+		}
+		if err := k.CheckScheduler("no-such-scheduler"); err == nil || !strings.Contains(err.Error(), `"no-such-scheduler" is not available`) {
+			t.Errorf("unknown scheduler: %v", err)
+		}
+		mine := Service{Key: Key{Addr: netip.MustParseAddr("10.96.0.10"), Proto: 6, Port: 80}, Scheduler: "sh"}
+		if err := k.AddService(mine); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := k.CheckScheduler("sh"); err != nil {
+			t.Errorf("scheduler in use: %v", err)
+		}
+		if svcs, err := k.Services(); err != nil || len(svcs) != 1 {
+			t.Errorf("virtual servers after the check: %v (%v)", svcs, err)
+		}
+		v6, err := Open(family.IPv6, "", true)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer v6.Close()
+		if err := v6.CheckScheduler("rr"); err == nil {
+			t.Error("CheckScheduler on the IPv6 Kernel did not refuse")
 		}
 	})
 }
