@@ -200,6 +200,13 @@ func cleanupOtherMode(ctx context.Context, mode config.ProxyMode, inUse ipt.Flav
 	case ipt.FlavorLegacy:
 		other = ipt.FlavorNFT
 	}
+	// The IPVS mode's first: it removes the Service addresses from its link
+	// before anything else (see ipvsbackend.Backend.Cleanup).
+	if mode != config.ModeIPVS {
+		for _, f := range family.All {
+			errs = append(errs, cleanupIPVSMode(ctx, f))
+		}
+	}
 	for _, f := range family.All {
 		if mode != config.ModeNFTables {
 			if err := nftables.New(f, k, nftables.Options{}).Cleanup(ctx); err != nil {
@@ -211,9 +218,8 @@ func cleanupOtherMode(ctx context.Context, mode config.ProxyMode, inUse ipt.Flav
 			if other != "" {
 				errs = append(errs, cleanupIPTablesMode(ctx, f, other))
 			}
-			errs = append(errs, cleanupIPVSMode(ctx, f))
 		case config.ModeNFTables:
-			errs = append(errs, cleanupIPTablesMode(ctx, f), cleanupIPVSMode(ctx, f))
+			errs = append(errs, cleanupIPTablesMode(ctx, f))
 		case config.ModeIPVS:
 			errs = append(errs, cleanupIPTablesMode(ctx, f))
 			if other != "" {

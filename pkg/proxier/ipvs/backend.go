@@ -681,6 +681,18 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 func (b *Backend) Cleanup(ctx context.Context) error {
 	b.reset()
 	var errs []error
+	// The Service addresses go first. While one is local, the node's own new
+	// connections to it take it as their source address; once it is removed,
+	// their replies (de-NATed back to it) are no longer delivered locally. So
+	// for a switch to another mode, whose rules serve the node's connections
+	// already, the window in which such a connection starts is kept short.
+	addrs, err := b.k.Addrs()
+	errs = append(errs, err)
+	bound := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		bound[a] = true
+		errs = append(errs, b.k.DelAddr(a))
+	}
 	save, err := b.r.Save(ctx, "")
 	if err != nil {
 		errs = append(errs, err)
@@ -688,12 +700,6 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 		errs = append(errs, b.r.Restore(ctx, []byte(undo)))
 	}
 	ours := map[ipvs.Key]bool{}
-	addrs, err := b.k.Addrs()
-	errs = append(errs, err)
-	bound := map[netip.Addr]bool{}
-	for _, a := range addrs {
-		bound[a] = true
-	}
 	sets := b.opts.IPSetLoaded()
 	if sets {
 		for _, s := range []setID{setExternal, setExternalLocal} {
@@ -710,9 +716,6 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 		if (bound[s.Addr] || ours[s.Key]) && !b.excluded(s.Addr) {
 			errs = append(errs, b.k.DelService(s.Key))
 		}
-	}
-	for _, a := range addrs {
-		errs = append(errs, b.k.DelAddr(a))
 	}
 	errs = append(errs, b.k.DeleteLinkIfEmpty())
 	if sets {
