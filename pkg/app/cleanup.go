@@ -200,9 +200,19 @@ func cleanupOtherMode(ctx context.Context, mode config.ProxyMode, inUse ipt.Flav
 	case ipt.FlavorLegacy:
 		other = ipt.FlavorNFT
 	}
-	// The IPVS mode's first: it removes the Service addresses from its link
-	// before anything else (see ipvsbackend.Backend.Cleanup).
+	// Leaving IPVS mode, its Service addresses go first, in both families (see
+	// ipvsbackend.UnbindAddrs), then the rest of its state.
 	if mode != config.ModeIPVS {
+		for _, f := range family.All {
+			k, err := ipvs.Open(f, "", false)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: ipvs mode: %w", f, err))
+				continue
+			}
+			_, err = ipvsbackend.UnbindAddrs(k)
+			k.Close()
+			errs = append(errs, err)
+		}
 		for _, f := range family.All {
 			errs = append(errs, cleanupIPVSMode(ctx, f))
 		}

@@ -673,6 +673,22 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 	return nil
 }
 
+// UnbindAddrs removes the family's Service addresses from the dummy link and
+// returns them; Cleanup does it first. Leaving IPVS mode, it is the first thing
+// to do, for both families: while a Service address is local, the node's own
+// new connections to it take it as their source address, and once it is
+// removed their replies (de-NATed back to it) are no longer delivered locally.
+// The other mode's rules already serve the node's connections, so the window
+// in which such a connection can start is kept as short as it can be.
+func UnbindAddrs(k Kernel) ([]netip.Addr, error) {
+	addrs, err := k.Addrs()
+	errs := []error{err}
+	for _, a := range addrs {
+		errs = append(errs, k.DelAddr(a))
+	}
+	return addrs, errors.Join(errs...)
+}
+
 // Cleanup implements proxier.Backend: it removes the family's iptables chains,
 // the virtual servers dsproxy made (those on the dummy link's addresses and the
 // NodePorts its ipsets name; never those in ExcludeCIDRs), the family's
@@ -681,17 +697,11 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 func (b *Backend) Cleanup(ctx context.Context) error {
 	b.reset()
 	var errs []error
-	// The Service addresses go first. While one is local, the node's own new
-	// connections to it take it as their source address; once it is removed,
-	// their replies (de-NATed back to it) are no longer delivered locally. So
-	// for a switch to another mode, whose rules serve the node's connections
-	// already, the window in which such a connection starts is kept short.
-	addrs, err := b.k.Addrs()
+	addrs, err := UnbindAddrs(b.k)
 	errs = append(errs, err)
 	bound := map[netip.Addr]bool{}
 	for _, a := range addrs {
 		bound[a] = true
-		errs = append(errs, b.k.DelAddr(a))
 	}
 	save, err := b.r.Save(ctx, "")
 	if err != nil {
@@ -702,6 +712,13 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	ours := map[ipvs.Key]bool{}
 	sets := b.opts.IPSetLoaded()
 	if sets {
+		// The addresses may be unbound already (UnbindAddrs); setIPs still
+		// names them.
+		entries, _, err := b.k.Entries(setName(b.f, setIPs))
+		errs = append(errs, err)
+		for _, e := range entries {
+			bound[e.IP] = true
+		}
 		for _, s := range []setID{setExternal, setExternalLocal} {
 			entries, _, err := b.k.Entries(setName(b.f, s))
 			errs = append(errs, err)
