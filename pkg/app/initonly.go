@@ -52,17 +52,13 @@ func InitOnly(cfg *config.Config) error {
 			}
 		}
 	case config.ModeIPVS:
-		for _, f := range family.All {
-			k, err := ipvs.Open(f, "", true) // loads the ip_vs modules
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: ipvs mode: %w", f, err))
-				continue
-			}
+		// One IPVS serves both families, and IPv4's sysctls include IPv6's.
+		if k, err := ipvs.Open(family.IPv4, "", true); err != nil { // loads the ip_vs modules
+			errs = append(errs, fmt.Errorf("ipvs mode: %w", err))
+		} else {
 			k.Close()
-			for _, s := range ipvsbackend.Sysctls(f, cfg.IPVS.StrictARP) {
-				if err := ipvs.SetSysctl(s[0], s[1]); err != nil {
-					errs = append(errs, err)
-				}
+			for _, s := range ipvsbackend.Sysctls(family.IPv4, cfg.IPVS.StrictARP) {
+				errs = append(errs, ipvs.SetSysctl(s[0], s[1]))
 			}
 		}
 	}

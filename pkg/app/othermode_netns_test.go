@@ -122,15 +122,24 @@ func inNewNetns(t *testing.T, fn func(t *testing.T, ns vnetns.NsHandle)) {
 	<-errc
 }
 
-func testCleanupOtherMode(t *testing.T, ns vnetns.NsHandle) {
-	ctx := context.Background()
+// openNetlink opens an nftables connection into ns, closed when the test ends,
+// and returns it with programMode over it; nil when it cannot (reported).
+func openNetlink(t *testing.T, ns vnetns.NsHandle) (*nft.Netlink, func(config.ProxyMode, ipt.Flavor) bool) {
 	k, err := nft.NewNetlink(nft.WithNetNSFd(int(ns)))
 	if err != nil {
 		t.Error(err)
+		return nil, nil
+	}
+	t.Cleanup(func() { _ = k.Close() })
+	return k, func(mode config.ProxyMode, fl ipt.Flavor) bool { return programMode(t, k, mode, fl) }
+}
+
+func testCleanupOtherMode(t *testing.T, ns vnetns.NsHandle) {
+	ctx := context.Background()
+	k, program := openNetlink(t, ns)
+	if k == nil {
 		return
 	}
-	defer k.Close()
-	program := func(mode config.ProxyMode, fl ipt.Flavor) bool { return programMode(t, k, mode, fl) }
 	nftTables := func() int {
 		n := 0
 		for _, f := range family.All {
@@ -198,13 +207,10 @@ func TestCleanupOtherModeIPVS(t *testing.T) {
 
 func testCleanupOtherModeIPVS(t *testing.T, ns vnetns.NsHandle) {
 	ctx := context.Background()
-	k, err := nft.NewNetlink(nft.WithNetNSFd(int(ns)))
-	if err != nil {
-		t.Error(err)
+	k, program := openNetlink(t, ns)
+	if k == nil {
 		return
 	}
-	defer k.Close()
-	program := func(mode config.ProxyMode, fl ipt.Flavor) bool { return programMode(t, k, mode, fl) }
 	// count is what is left of a mode: nftables tables, DSPROXY- chains (both
 	// flavours), the IPVS mode's virtual servers and its DSIPVS- chains per flavour.
 	type left struct{ tables, iptChains, vs, ipvsNFT, ipvsLegacy int }
