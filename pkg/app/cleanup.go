@@ -27,10 +27,10 @@ const KubeProxyTable = "kube-proxy"
 // modes (its nftables tables, its DSPROXY- iptables chains, its IPVS mode's
 // virtual servers, dsproxy-ipvs0, ipsets and DSIPVS- chains), and with kubeProxy
 // also kube-proxy's state from any of its modes: its nftables tables, its
-// iptables KUBE- chains and the rules jumping to them, and its IPVS mode's
-// virtual servers (every one outside ipvsExclude, --ipvs-exclude-cidrs, as
-// kube-proxy's own cleanup), kube-ipvs0 and KUBE- ipsets. Missing state is not
-// an error.
+// iptables chains (kubeProxyChain) and the rules jumping to them, and its IPVS
+// mode's virtual servers (every one outside ipvsExclude, --ipvs-exclude-cidrs,
+// as kube-proxy's own cleanup), kube-ipvs0 and its ipsets (kubeProxyIPSet).
+// Missing state is not an error.
 func Cleanup(ctx context.Context, kubeProxy bool, ipvsExclude []string) error {
 	exclude, err := parseExcludeCIDRs(ipvsExclude)
 	if err != nil {
@@ -61,8 +61,10 @@ func Cleanup(ctx context.Context, kubeProxy bool, ipvsExclude []string) error {
 }
 
 // cleanupKubeProxy removes kube-proxy's state in all of its modes: its nftables
-// tables, its iptables KUBE- chains and the rules jumping to them, and its IPVS
-// mode's kube-ipvs0 link, KUBE- ipsets and the virtual servers scope selects.
+// tables, its iptables chains and the rules jumping to them, and its IPVS mode's
+// kube-ipvs0 link, ipsets and the virtual servers scope selects. Only what
+// kube-proxy itself creates goes: the kubelet's and other programs' KUBE-
+// chains and ipsets stay.
 // Missing state is not an error.
 func cleanupKubeProxy(ctx context.Context, k nft.Kernel, scope ipvsScope) error {
 	var errs []error

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"k8s.io/klog/v2"
@@ -13,15 +14,41 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/iptables"
 )
 
-// kubeProxyChainPrefix names the chains kube-proxy's iptables mode creates.
-const kubeProxyChainPrefix = "KUBE-"
+// kubeProxyChains are the chains kube-proxy v1.36's own cleanup removes, for
+// its iptables and IPVS modes, by table. Other KUBE- chains are not
+// kube-proxy's and stay: the kubelet's KUBE-FIREWALL (which kube-proxy's
+// iptables mode also creates, and leaves), KUBE-KUBELET-CANARY and
+// KUBE-IPTABLES-HINT (which dsproxy's and kube-proxy's flavour detection read),
+// and other programs' such as kube-router's KUBE-ROUTER-* and KUBE-NWPLCY-*.
+var kubeProxyChains = map[string][]string{
+	"nat": {"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ", "KUBE-PROXY-CANARY",
+		"KUBE-NODE-PORT", "KUBE-LOAD-BALANCER"},
+	"filter": {"KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS", "KUBE-PROXY-FIREWALL", "KUBE-PROXY-CANARY",
+		"KUBE-NODE-PORT", "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER", "KUBE-IPVS-OUT-FILTER"},
+	"mangle": {"KUBE-PROXY-CANARY"},
+}
+
+// kubeProxyNATChainPrefixes name kube-proxy's per-Service and per-endpoint nat
+// chains; KUBE-XLB- is from kube-proxy before v1.25, whose leftovers v1.36's
+// cleanup no longer knows.
+var kubeProxyNATChainPrefixes = []string{"KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-", "KUBE-XLB-"}
+
+// kubeProxyChain reports whether chain in table is kube-proxy's.
+func kubeProxyChain(table, chain string) bool {
+	if slices.Contains(kubeProxyChains[table], chain) {
+		return true
+	}
+	return table == "nat" && slices.ContainsFunc(kubeProxyNATChainPrefixes, func(p string) bool { return strings.HasPrefix(chain, p) })
+}
 
 // command runs an iptables binary; tests wrap it to run inside a network namespace.
 var command = exec.CommandContext
 
-// cleanupKubeProxyIPTables removes kube-proxy's iptables-mode chains with every
-// iptables flavour present on the node (nft-backed and legacy, both families). A
-// node without iptables binaries has nothing to clean; that is logged, not an error.
+// cleanupKubeProxyIPTables removes kube-proxy's chains (kubeProxyChain) and the
+// rules jumping to them with every iptables flavour present on the node
+// (nft-backed and legacy, both families). A chain of kube-proxy's that another
+// program's chain jumps to stays, logged. A node without iptables binaries has
+// nothing to clean; that is logged, not an error.
 func cleanupKubeProxyIPTables(ctx context.Context) error {
 	var errs []error
 	found := false
@@ -36,7 +63,10 @@ func cleanupKubeProxyIPTables(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("%s-save: %w", bin, err))
 			continue
 		}
-		undo := iptables.Undo(string(out), kubeProxyChainPrefix)
+		undo, kept := iptables.UndoOwned(string(out), kubeProxyChain)
+		if len(kept) > 0 {
+			klog.InfoS("Left kube-proxy's iptables chains that another program's rules jump to", "iptables", bin, "chains", kept)
+		}
 		if undo == "" {
 			continue
 		}

@@ -12,7 +12,9 @@ import (
 )
 
 // TestCleanupKubeProxyIPTablesRealKernel loads kube-proxy-shaped iptables rules in a
-// fresh network namespace and checks that only kube-proxy's are removed.
+// fresh network namespace beside the kubelet's, kube-router's and an operator's,
+// and checks that only kube-proxy's are removed; KUBE-MARK-MASQ, which another
+// program's chain uses, stays.
 func TestCleanupKubeProxyIPTablesRealKernel(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -36,7 +38,8 @@ func TestCleanupKubeProxyIPTablesRealKernel(t *testing.T) {
 		}
 		rules := string(save)
 		if strings.HasPrefix(bin, "ip6") {
-			rules = strings.ReplaceAll(rules, "10.96.0.1/32", "fd00:96::1/128")
+			rules = strings.NewReplacer("10.96.0.1/32", "fd00:96::1/128", "127.0.0.0/8", "::1/128",
+				"10.0.0.5/32", "fd00::5/128", "10.0.0.5:6443", "[fd00::5]:6443", "10.0.0.0/8", "fd00::/8").Replace(rules)
 		}
 		load.Stdin = strings.NewReader(rules)
 		if out, err := load.CombinedOutput(); err != nil {
@@ -55,10 +58,16 @@ func TestCleanupKubeProxyIPTablesRealKernel(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := string(out)
-		if strings.Contains(s, "KUBE-") {
-			t.Errorf("%s still has kube-proxy state:\n%s", bin, s)
+		for _, gone := range []string{"KUBE-SERVICES", "KUBE-SVC-", "KUBE-SEP-", "KUBE-POSTROUTING", "KUBE-FORWARD",
+			"KUBE-NODEPORTS", "KUBE-PROXY-"} {
+			if strings.Contains(s, gone) {
+				t.Errorf("%s still has kube-proxy's %s:\n%s", bin, gone, s)
+			}
 		}
-		for _, keep := range []string{":MY-CHAIN", "-A INPUT -j MY-CHAIN", "--dport 22 -j ACCEPT", "-j MARK"} {
+		for _, keep := range []string{":MY-CHAIN", "-A INPUT -j MY-CHAIN", "--dport 22 -j ACCEPT", "-j MARK --set-xmark 0x1/",
+			"-A INPUT -j KUBE-FIREWALL", "-A OUTPUT -j KUBE-FIREWALL", "-A KUBE-FIREWALL ", "-j KUBE-ROUTER-INPUT",
+			"-A KUBE-ROUTER-INPUT -j KUBE-NWPLCY-ABC", ":KUBE-IPTABLES-HINT", ":KUBE-KUBELET-CANARY",
+			"-A KUBE-MARK-MASQ -j MARK", "-j KUBE-MARK-MASQ"} {
 			if !strings.Contains(s, keep) {
 				t.Errorf("%s lost %q:\n%s", bin, keep, s)
 			}

@@ -19,6 +19,32 @@ import (
 // addresses to.
 const kubeProxyIPVSLink = "kube-ipvs0"
 
+// kubeProxyIPSets are the ipsets kube-proxy v1.36's IPVS mode creates for
+// IPv4; its IPv6 sets are named with KUBE-6- (kubeProxyIPSet).
+var kubeProxyIPSets = []string{
+	"KUBE-LOOP-BACK", "KUBE-CLUSTER-IP", "KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL",
+	"KUBE-LOAD-BALANCER", "KUBE-LOAD-BALANCER-LOCAL", "KUBE-LOAD-BALANCER-FW",
+	"KUBE-LOAD-BALANCER-SOURCE-IP", "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+	"KUBE-NODE-PORT-TCP", "KUBE-NODE-PORT-LOCAL-TCP", "KUBE-NODE-PORT-UDP", "KUBE-NODE-PORT-LOCAL-UDP",
+	"KUBE-NODE-PORT-SCTP-HASH", "KUBE-NODE-PORT-LOCAL-SCTP-HASH",
+	"KUBE-HEALTH-CHECK-NODE-PORT", "KUBE-IPVS-IPS",
+}
+
+// kubeProxyIPSet reports whether the ipset name is kube-proxy's: one of
+// kubeProxyIPSets or its IPv6 twin, KUBE- replaced by KUBE-6- and cut to 31
+// characters as kube-proxy cuts it. kube-proxy's own cleanup destroys only the
+// IPv4 sets; other programs' KUBE- sets (kube-router's KUBE-SRC-*, KUBE-DST-*)
+// are not kube-proxy's.
+func kubeProxyIPSet(name string) bool {
+	for _, s := range kubeProxyIPSets {
+		v6 := "KUBE-6-" + strings.TrimPrefix(s, "KUBE-")
+		if name == s || name == v6[:min(len(v6), 31)] {
+			return true
+		}
+	}
+	return false
+}
+
 // ipvsScope says which IPVS virtual servers --cleanup-kube-proxy removes.
 type ipvsScope struct {
 	// none: dsproxy's IPVS mode owns every virtual server of the family,
@@ -49,8 +75,8 @@ func (sc ipvsScope) selects(s ipvs.Key, linkAddrs []netip.Addr) bool {
 }
 
 // cleanupKubeProxyIPVS removes what kube-proxy's IPVS mode leaves: the virtual
-// servers scope selects, the kube-ipvs0 link, and the KUBE- ipsets. It runs
-// after the KUBE- chains are gone (a set a rule uses cannot be destroyed), and
+// servers scope selects, the kube-ipvs0 link, and its ipsets. It runs after
+// its iptables chains are gone (a set a rule uses cannot be destroyed), and
 // loads neither IPVS nor ipset where they are not loaded: then nothing of them
 // can be left.
 func cleanupKubeProxyIPVS(_ context.Context, scope ipvsScope) error {
@@ -92,7 +118,7 @@ func cleanupKubeProxyIPVS(_ context.Context, scope ipvsScope) error {
 			sets, err := k.Sets()
 			errs = append(errs, err)
 			for _, s := range sets {
-				if strings.HasPrefix(s, kubeProxyChainPrefix) {
+				if kubeProxyIPSet(s) {
 					errs = append(errs, k.DestroySet(s))
 				}
 			}

@@ -279,12 +279,12 @@ func testCleanupOtherModeIPVS(t *testing.T, ns vnetns.NsHandle) {
 }
 
 // TestCleanupKubeProxyIPVS leaves what kube-proxy's IPVS mode leaves (virtual
-// servers, kube-ipvs0, KUBE- ipsets) beside someone else's ipset and virtual
-// server, and checks what --cleanup-kube-proxy removes: with --cleanup, every
+// servers, kube-ipvs0, its IPv4 and IPv6 ipsets) beside someone else's ipsets
+// (one named KUBE- like kube-router's) and virtual server, and checks what --cleanup-kube-proxy removes: with --cleanup, every
 // virtual server outside --ipvs-exclude-cidrs, as kube-proxy's own cleanup;
 // while dsproxy keeps running, only kube-proxy's (on kube-ipvs0's addresses or
-// at a NodePort), or none in dsproxy's IPVS mode. The link and the KUBE- ipsets
-// go in every case, the other ipset never.
+// at a NodePort), or none in dsproxy's IPVS mode. The link and kube-proxy's
+// ipsets go in every case, the others never.
 func TestCleanupKubeProxyIPVS(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -315,7 +315,10 @@ func TestCleanupKubeProxyIPVS(t *testing.T) {
 					{"ip", "addr", "add", "fd00:96::10/128", "dev", kubeProxyIPVSLink},
 					{"ipset", "create", "KUBE-CLUSTER-IP", "hash:ip,port"},
 					{"ipset", "add", "KUBE-CLUSTER-IP", "10.96.0.10,tcp:80"},
+					{"ipset", "create", "KUBE-6-CLUSTER-IP", "hash:ip,port", "family", "inet6"},
+					{"ipset", "create", "KUBE-6-LOAD-BALANCER-SOURCE-CID", "hash:ip,port,net", "family", "inet6"},
 					{"ipset", "create", "someone-else", "hash:ip"},
+					{"ipset", "create", "KUBE-SRC-ABCDEF", "hash:ip"}, // kube-router's
 				} {
 					if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
 						t.Errorf("%v: %v %s", cmd, err, out)
@@ -364,8 +367,10 @@ func TestCleanupKubeProxyIPVS(t *testing.T) {
 					t.Errorf("%s left:\n%s", kubeProxyIPVSLink, out)
 				}
 				out, err := exec.Command("ipset", "list", "-n").CombinedOutput()
-				if err != nil || strings.Contains(string(out), "KUBE-") || !strings.Contains(string(out), "someone-else") {
-					t.Errorf("ipsets after cleanup (want someone-else only): %v\n%s", err, out)
+				sets := strings.Fields(string(out))
+				slices.Sort(sets)
+				if want := []string{"KUBE-SRC-ABCDEF", "someone-else"}; err != nil || !slices.Equal(sets, want) {
+					t.Errorf("ipsets after cleanup: %v %v, want %v\n%s", sets, err, want, out)
 				}
 			})
 		})

@@ -1,9 +1,9 @@
 // Package iptables runs the iptables tools of one family: iptables-restore
 // transactions for bulk changes, iptables-save to read what a table holds, and
 // github.com/coreos/go-iptables for single rules in the built-in chains. It also
-// turns a save into the restore input that removes every chain of a prefix with
-// the rules jumping to them (Undo), which dsproxy's cleanup uses for its own
-// chains and for kube-proxy's.
+// turns a save into the restore input that removes chains with the rules jumping
+// to them: every chain of a prefix (Undo), which dsproxy's cleanup uses for its
+// own chains, or the chains another program owns (UndoOwned), for kube-proxy's.
 package iptables
 
 import (
@@ -149,61 +149,6 @@ func Chains(save, prefix string) map[string][]string {
 		}
 	}
 	return out
-}
-
-// Undo turns iptables-save output into iptables-restore --noflush input that
-// removes the chains whose names start with prefix: every rule that jumps to one
-// from another chain is deleted, then every such chain is flushed and removed.
-// Other rules and chains are left as they are. It returns "" when no chain has the
-// prefix.
-func Undo(save, prefix string) string {
-	var out strings.Builder
-	var table string
-	var deletes, chains []string
-	flush := func() {
-		if table == "" || len(deletes)+len(chains) == 0 {
-			return
-		}
-		fmt.Fprintf(&out, "*%s\n", table)
-		for _, d := range deletes {
-			fmt.Fprintf(&out, "-D %s\n", d)
-		}
-		for _, c := range chains {
-			fmt.Fprintf(&out, "-F %s\n", c)
-		}
-		for _, c := range chains {
-			fmt.Fprintf(&out, "-X %s\n", c)
-		}
-		out.WriteString("COMMIT\n")
-	}
-	for line := range strings.SplitSeq(save, "\n") {
-		switch {
-		case strings.HasPrefix(line, "*"):
-			table, deletes, chains = strings.TrimPrefix(line, "*"), nil, nil
-		case line == "COMMIT":
-			flush()
-			table = ""
-		case strings.HasPrefix(line, ":"+prefix):
-			chains = append(chains, strings.Fields(line[1:])[0])
-		case strings.HasPrefix(line, "-A "):
-			rule := strings.TrimPrefix(line, "-A ")
-			if !strings.HasPrefix(rule, prefix) && jumpsTo(rule, prefix) {
-				deletes = append(deletes, rule)
-			}
-		}
-	}
-	return out.String()
-}
-
-// jumpsTo reports whether a rule's target is a chain starting with prefix.
-func jumpsTo(rule, prefix string) bool {
-	f := strings.Fields(rule)
-	for i := 0; i+1 < len(f); i++ {
-		if (f[i] == "-j" || f[i] == "-g" || f[i] == "--jump" || f[i] == "--goto") && strings.HasPrefix(f[i+1], prefix) {
-			return true
-		}
-	}
-	return false
 }
 
 // hintChains are the chains whose presence in a flavour's mangle table says the

@@ -481,7 +481,8 @@ func testStartingEvent(t *testing.T, e *env) {
 // starts with --cleanup-kube-proxy while clients keep dialling the ClusterIPs
 // and a NodePort, and connections kube-proxy translated keep exchanging data.
 // No connection may fail; once dsproxy has programmed both families, nothing of
-// kube-proxy is left in the kernel, and dsproxy follows an endpoint change.
+// kube-proxy is left in the kernel while the kubelet's and another program's
+// KUBE- chains stay, and dsproxy follows an endpoint change.
 func testKubeProxyTakeover(t *testing.T, e *env) {
 	sel := map[string]string{"app": "takeover"}
 	vips, targets, _ := e.trafficFixture(t, sel, corev1.ServiceTypeNodePort, "t1", "t2")
@@ -496,6 +497,41 @@ func testKubeProxyTakeover(t *testing.T, e *env) {
 			}
 		}
 		return state
+	}
+	// The kubelet's chains and another program's KUBE- chain (kube-router's
+	// network policy) are not kube-proxy's: the takeover must leave them.
+	others := `*mangle
+:KUBE-IPTABLES-HINT - [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+COMMIT
+*filter
+:KUBE-KUBELET-CANARY - [0:0]
+:KUBE-ROUTER-INPUT - [0:0]
+-A INPUT -m comment --comment "kube-router netpol" -j KUBE-ROUTER-INPUT
+-A KUBE-ROUTER-INPUT -p tcp -m tcp --dport 22 -j ACCEPT
+COMMIT
+`
+	for _, restore := range []string{"iptables-restore", "ip6tables-restore"} {
+		if out, err := netns.ExecStdin(e.c.Node, strings.NewReader(others), restore, "--noflush"); err != nil {
+			e.fatalf(t, "%s: %v\n%s", restore, err, out)
+		}
+	}
+	othersLeft := func(after string) {
+		t.Helper()
+		for _, save := range []string{"iptables-save", "ip6tables-save"} {
+			out, _ := netns.Exec(e.c.Node, save)
+			want := []string{":KUBE-IPTABLES-HINT", ":KUBE-KUBELET-CANARY", "-j KUBE-ROUTER-INPUT", "-A KUBE-ROUTER-INPUT -p tcp"}
+			if after == "iptables" {
+				// kube-proxy's iptables mode makes the kubelet's KUBE-FIREWALL
+				// too, and its own cleanup leaves it.
+				want = append(want, "-A INPUT -j KUBE-FIREWALL")
+			}
+			for _, w := range want {
+				if !strings.Contains(out, w) {
+					e.errorf(t, "%s after the takeover from kube-proxy's %s mode: %q is gone; it is not kube-proxy's", save, after, w)
+				}
+			}
+		}
 	}
 	for i, mode := range []string{"iptables", "nftables"} {
 		// Hand the node to kube-proxy alone.
@@ -541,6 +577,7 @@ func testKubeProxyTakeover(t *testing.T, e *env) {
 		if left := kubeProxyState(); left != "" {
 			e.errorf(t, "kube-proxy state left after dsproxy took over from its %s mode:%s", mode, left)
 		}
+		othersLeft(mode)
 		added := []string{"t3", "t4"}[i]
 		e.addPods(t, sel, true, added)
 		pods = append(pods, added)
