@@ -101,6 +101,7 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 	d := &Daemon{cfg: cfg, client: client, nodeName: name, spec: spec,
 		registry: nodeport.New(klog.Background()), proxiers: map[*family.Family]*proxier.Proxier{}, metrics: metrics.New()}
 	nodeport.MustRegister(d.metrics.Registry())
+	d.metrics.Registry().MustRegister(metrics.NewBuildInfoCollector(buildInfoMetric()))
 	d.health = healthcheck.NewProxyHealthServer(healthcheck.ProxyHealthConfig{Health: d.Health, Recorder: d.metrics})
 	if client != nil {
 		d.events = newRecorder(client, name)

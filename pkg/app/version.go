@@ -7,6 +7,10 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+
+	utilversion "k8s.io/apimachinery/pkg/util/version"
+
+	"github.com/dsproxy/dsproxy/pkg/metrics"
 )
 
 // buildInfo is what the Go toolchain recorded about the binary.
@@ -37,10 +41,35 @@ func readBuildInfo() buildInfo {
 	return b
 }
 
-// Version is dsproxy's version: the module version, or for a build from a
-// checkout "(devel)" with the commit ("+dirty" when it had changes).
+// reportedVersion is the version --version=vX.Y.Z set, reported instead of
+// the build's.
+var reportedVersion string
+
+// Version is dsproxy's version: the one --version=vX.Y.Z set, else the module
+// version, or for a build from a checkout "(devel)" with the commit ("+dirty"
+// when it had changes).
 func Version() string {
+	if reportedVersion != "" {
+		return reportedVersion
+	}
 	return readBuildInfo().String()
+}
+
+// buildInfoMetric is what kubernetes_build_info says about this binary.
+func buildInfoMetric() metrics.BuildInfo {
+	b := readBuildInfo()
+	bi := metrics.BuildInfo{GitVersion: b.version, GitCommit: b.revision, BuildDate: b.time,
+		GoVersion: b.goVersion, Compiler: runtime.Compiler, Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	if reportedVersion != "" {
+		bi.GitVersion = reportedVersion
+	}
+	if b.revision != "" {
+		bi.GitTreeState = "clean"
+		if b.modified {
+			bi.GitTreeState = "dirty"
+		}
+	}
+	return bi
 }
 
 func (b buildInfo) String() string {
@@ -59,10 +88,11 @@ func (b buildInfo) String() string {
 }
 
 // PrintVersion answers kube-proxy's --version flag (its value is flag): a true
-// value prints "dsproxy <version>", "raw" every build detail, and "vX.Y.Z"
-// reports that version instead, as kube-proxy does. It returns false, printing
-// nothing, when the flag was not given ("" or a false value), and an error for
-// a value kube-proxy would refuse.
+// value prints "dsproxy <version>" and "raw" every build detail, and it returns
+// true: the caller exits. As kube-proxy's, "vX.Y.Z" (semantic) prints nothing
+// and sets the version dsproxy reports (Version, kubernetes_build_info) while
+// it goes on. It returns false, printing nothing, when the flag was not given
+// ("" or a false value), and an error for a value kube-proxy would refuse.
 func PrintVersion(w io.Writer, flag string) (bool, error) {
 	b := readBuildInfo()
 	switch {
@@ -72,7 +102,11 @@ func PrintVersion(w io.Writer, flag string) (bool, error) {
 		fmt.Fprintf(w, "dsproxy.Info{Version:%q, Revision:%q, RevisionTime:%q, Modified:%v, GoVersion:%q, Compiler:%q, Platform:%q, KubeProxyCompatibility:%q}\n",
 			b.version, b.revision, b.time, b.modified, b.goVersion, runtime.Compiler, runtime.GOOS+"/"+runtime.GOARCH, "v1.36")
 	case strings.HasPrefix(flag, "v"):
-		fmt.Fprintf(w, "dsproxy %s\n", flag)
+		if _, err := utilversion.ParseSemantic(flag); err != nil {
+			return false, fmt.Errorf("--version %q: %w", flag, err)
+		}
+		reportedVersion = flag
+		return false, nil
 	default:
 		on, err := strconv.ParseBool(flag)
 		if err != nil {

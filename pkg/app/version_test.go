@@ -16,13 +16,14 @@ import (
 )
 
 // --version as kube-proxy's: true values print the version, false ones and
-// none print nothing, "raw" prints the build details, "vX.Y.Z" reports that
-// version, anything else is an error.
+// none print nothing, "raw" prints the build details, "vX.Y.Z" prints nothing
+// and sets the version dsproxy reports, anything else is an error.
 func TestPrintVersion(t *testing.T) {
+	t.Cleanup(func() { reportedVersion = "" })
 	for flag, want := range map[string]string{
-		"": "", "false": "", "0": "",
+		"": "", "false": "", "0": "", "v1.36.3": "",
 		"true": "dsproxy " + Version() + "\n", "1": "dsproxy " + Version() + "\n",
-		"raw": "dsproxy.Info{Version:", "v1.36.3": "dsproxy v1.36.3\n",
+		"raw": "dsproxy.Info{Version:",
 	} {
 		var out bytes.Buffer
 		done, err := PrintVersion(&out, flag)
@@ -30,8 +31,16 @@ func TestPrintVersion(t *testing.T) {
 			t.Errorf("--version=%q: printed %q, done %v, err %v; want %q", flag, out.String(), done, err, want)
 		}
 	}
-	if done, err := PrintVersion(&bytes.Buffer{}, "yes please"); err == nil || done {
-		t.Errorf("--version=%q accepted", "yes please")
+	if got := Version(); got != "v1.36.3" {
+		t.Errorf("after --version=v1.36.3 the reported version is %q", got)
+	}
+	if got := buildInfoMetric().GitVersion; got != "v1.36.3" {
+		t.Errorf("after --version=v1.36.3 kubernetes_build_info's git_version is %q", got)
+	}
+	for _, bad := range []string{"yes please", "v1.36", "vnext"} {
+		if done, err := PrintVersion(&bytes.Buffer{}, bad); err == nil || done {
+			t.Errorf("--version=%q accepted", bad)
+		}
 	}
 }
 

@@ -238,6 +238,11 @@ func Parse(args []string) (*Config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("no positional arguments are accepted, got %q", fs.Args())
 	}
+	// As kube-proxy's, --version=true or raw is answered before the
+	// configuration file is read: the caller prints and exits.
+	if on, err := strconv.ParseBool(o.version); o.version == "raw" || (err == nil && on) {
+		return &Config{Version: o.version}, nil
+	}
 	c, err := o.Complete(fs)
 	if err != nil {
 		return nil, err

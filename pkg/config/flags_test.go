@@ -105,7 +105,7 @@ func TestFlagsOnly(t *testing.T) {
 			"--nodeport-addresses=10.0.0.0/8,fd00::/64", "--oom-score-adj=-500", "--conntrack-min=1", "--conntrack-tcp-timeout-established=2h",
 			"--conntrack-tcp-timeout-close-wait=30m", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=30s", "--conntrack-udp-timeout-stream=2m",
 			"--config-sync-period=1m", "--feature-gates=A=true,B=false", "--feature-gates=C=true", "-v=5", "--vmodule=proxier=6",
-			"--logging-format=text", "--log-flush-frequency=10s", "--cleanup", "--init-only", "--version", "--node-ip=IPv6,10.0.0.5", "--cleanup-kube-proxy",
+			"--logging-format=text", "--log-flush-frequency=10s", "--cleanup", "--init-only", "--version=v1.36.3", "--node-ip=IPv6,10.0.0.5", "--cleanup-kube-proxy",
 		}, func(c *Config) {
 			c.BindAddress, c.BindAddressHardFail, c.EnableProfiling, c.ShowHiddenMetricsForVersion = "10.0.0.5", true, true, "1.35"
 			c.ClientConnection.ContentType, c.ClientConnection.QPS, c.ClientConnection.Burst, c.Master = "application/json", 50, 100, "https://api:6443"
@@ -119,7 +119,7 @@ func TestFlagsOnly(t *testing.T) {
 			c.FeatureGates = map[string]bool{"A": true, "B": false, "C": true}
 			c.Logging.Verbosity, c.Logging.VModule = 5, logsapi.VModuleConfiguration{{FilePattern: "proxier", Verbosity: 6}}
 			c.Logging.FlushFrequency.Duration.Duration = 10 * time.Second
-			c.Cleanup, c.InitOnly, c.Version, c.NodeIP, c.CleanupKubeProxy = true, true, "true", "IPv6,10.0.0.5", true
+			c.Cleanup, c.InitOnly, c.Version, c.NodeIP, c.CleanupKubeProxy = true, true, "v1.36.3", "IPv6,10.0.0.5", true
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -221,10 +221,10 @@ featureGates: {FromFile: true}
 			c.Logging.FlushFrequency.Duration.Duration = 2 * time.Second
 		}},
 		{"flags without file equivalent apply", []string{
-			"--master=https://api:6443", "--cleanup", "--init-only", "--write-config-to=/tmp/out", "--version=raw",
+			"--master=https://api:6443", "--cleanup", "--init-only", "--write-config-to=/tmp/out", "--version=v1.36.3",
 			"--node-ip=10.0.0.5", "--cleanup-kube-proxy",
 		}, func(c *Config) {
-			c.Master, c.Cleanup, c.InitOnly, c.WriteConfigTo, c.Version = "https://api:6443", true, true, "/tmp/out", "raw"
+			c.Master, c.Cleanup, c.InitOnly, c.WriteConfigTo, c.Version = "https://api:6443", true, true, "/tmp/out", "v1.36.3"
 			c.NodeIP, c.CleanupKubeProxy = "10.0.0.5", true
 		}},
 	} {
@@ -263,6 +263,29 @@ func TestLenientOption(t *testing.T) {
 			}
 		} else if err == nil || !strings.Contains(err.Error(), `unknown field "removedField"`) {
 			t.Errorf("strict: err = %v", err)
+		}
+	}
+}
+
+// TestVersionBeforeConfig: as kube-proxy's, --version (true or raw) is answered
+// before the configuration file is read, so a broken or missing file does not
+// stop it; --version=vX.Y.Z only sets the reported version, so the file counts.
+func TestVersionBeforeConfig(t *testing.T) {
+	broken := filepath.Join(t.TempDir(), "broken.yaml")
+	if err := os.WriteFile(broken, []byte("kind: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"--version", "--version=raw", "--version=1"} {
+		for _, file := range []string{broken, "/nonexistent/config.yaml"} {
+			c, err := Parse([]string{v, "--config", file, "--proxy-mode=bogus"})
+			if err != nil || c.Version == "" {
+				t.Errorf("%s --config %s: %v, version %q", v, file, err, c.Version)
+			}
+		}
+	}
+	for _, v := range []string{"--version=v1.36.3", "--version=false"} {
+		if _, err := Parse([]string{v, "--config", broken}); err == nil {
+			t.Errorf("%s with a broken --config: no error", v)
 		}
 	}
 }
