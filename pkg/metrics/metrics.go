@@ -13,8 +13,11 @@
 // (kubeproxy_sync_proxy_rules_nftables_sync_failures_total).
 //
 // Nothing is registered globally: New builds a Metrics, Register adds it to a
-// prometheus.Registerer, and Handler serves a private registry holding it plus the
-// Go and process collectors (kube-proxy's /metrics has those too).
+// prometheus.Registerer, and Handler serves a private registry holding it plus,
+// as kube-proxy's /metrics, the Go collector with every runtime metric, the
+// process collector, and client-go's rest_client_* metrics (restclient.go; its
+// hooks are process-wide, installed at init). kubernetes_build_info is added
+// by the caller, which knows the build (NewBuildInfoCollector).
 package metrics
 
 import (
@@ -275,8 +278,9 @@ func newMetrics(now func() time.Time) *Metrics {
 	}
 	m.registry = prometheus.NewRegistry()
 	m.registry.MustRegister(m,
-		collectors.NewGoCollector(),
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsAll)),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.registry.MustRegister(restClientCollectors...)
 	return m
 }
 

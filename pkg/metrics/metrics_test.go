@@ -599,3 +599,25 @@ kubeproxy_iptables_localhost_nodeports_accepted_packets_total 2
 		t.Errorf("unreadable counters: %d series (%v), want 0", n, err)
 	}
 }
+
+// TestBuildInfo: kubernetes_build_info as component-base exports it, 1 with the
+// build in its labels; major and minor only from a vX.Y version.
+func TestBuildInfo(t *testing.T) {
+	for v, want := range map[string][2]string{"v1.36.3": {"1", "36"}, "v0.4.0-rc.1": {"0", "4"}, "(devel) 0123456789ab": {}, "v1": {}, "vx.y.z": {}} {
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(NewBuildInfoCollector(BuildInfo{GitVersion: v, GitCommit: "abc", GitTreeState: "clean", GoVersion: "go1.26.8", Compiler: "gc", Platform: "linux/amd64"}))
+		mfs, err := reg.Gather()
+		if err != nil || len(mfs) != 1 || mfs[0].GetName() != "kubernetes_build_info" || len(mfs[0].GetMetric()) != 1 {
+			t.Fatalf("%s: gathered %v, %v", v, mfs, err)
+		}
+		m := mfs[0].GetMetric()[0]
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if m.GetGauge().GetValue() != 1 || labels["git_version"] != v || labels["major"] != want[0] || labels["minor"] != want[1] ||
+			labels["git_commit"] != "abc" || labels["platform"] != "linux/amd64" || len(labels) != 9 {
+			t.Errorf("%s: value %v, labels %v; want major %q minor %q", v, m.GetGauge().GetValue(), labels, want[0], want[1])
+		}
+	}
+}

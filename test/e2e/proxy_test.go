@@ -18,11 +18,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -49,7 +51,7 @@ func TestProxy(t *testing.T) {
 		"d1",             // Delete
 		"r1", "r2", "r3", // DsproxyRestart
 		"m1", "m2", "m3", // ModeSwitch
-		"t1", "t2", "t3", "t4", // KubeProxyTakeover
+		"t1", "t2", "t3", "t4", "t5", // KubeProxyTakeover
 		"k1", "k2", // APIServerRestart
 	)
 	t.Run("Services", func(t *testing.T) { testServices(t, e) })
@@ -533,7 +535,8 @@ COMMIT
 			}
 		}
 	}
-	for i, mode := range []string{"iptables", "nftables"} {
+	for i, modes := range []struct{ kp, ds string }{{"iptables", "nftables"}, {"iptables", "iptables"}, {"nftables", "nftables"}} {
+		mode := modes.kp
 		// Hand the node to kube-proxy alone.
 		if err := e.cur().stop(); err != nil {
 			e.fatalf(t, "stopping dsproxy: %v", err)
@@ -546,6 +549,7 @@ COMMIT
 			kp.stop()
 			e.fatalf(t, "kube-proxy %s mode does not serve: %v\n%s", mode, err, kp.tail())
 		}
+		kpMetrics := metricFamilies(t, e, "127.0.0.1:10349")
 		if err := kp.stop(); err != nil {
 			e.fatalf(t, "kube-proxy on SIGTERM: %v", err)
 		}
@@ -566,19 +570,20 @@ COMMIT
 		pr := startProber(20*time.Millisecond, targets, echoes)
 		time.Sleep(300 * time.Millisecond)
 		e.mu.Lock()
-		e.args = []string{"--cleanup-kube-proxy"}
+		e.args = []string{"--cleanup-kube-proxy", "--proxy-mode", modes.ds}
 		e.mu.Unlock()
 		start := time.Now()
 		p := e.startDsproxy(t)
 		if err := p.waitLog(converge, `"Removed kube-proxy's state" errors=false`); err != nil {
 			e.errorf(t, "after kube-proxy %s mode: %v", mode, err)
 		}
-		t.Logf("dsproxy removed kube-proxy %s mode's state %v after start", mode, time.Since(start).Round(time.Millisecond))
+		t.Logf("dsproxy in %s mode removed kube-proxy %s mode's state %v after start", modes.ds, mode, time.Since(start).Round(time.Millisecond))
 		if left := kubeProxyState(); left != "" {
 			e.errorf(t, "kube-proxy state left after dsproxy took over from its %s mode:%s", mode, left)
 		}
 		othersLeft(mode)
-		added := []string{"t3", "t4"}[i]
+		checkMetricParity(t, e, kpMetrics, metricFamilies(t, e, "127.0.0.1:10249"), modes.kp == modes.ds)
+		added := []string{"t3", "t4", "t5"}[i]
 		e.addPods(t, sel, true, added)
 		pods = append(pods, added)
 		if _, err := waitBackends(e.c.Node, vips, pods, converge); err != nil {
@@ -586,7 +591,7 @@ COMMIT
 		}
 		time.Sleep(300 * time.Millisecond)
 		dials, failures := pr.finish()
-		t.Logf("%s mode: %d dials, %d long-lived pings across the takeover", mode, dials, echoes[0].n+echoes[1].n)
+		t.Logf("kube-proxy %s mode to dsproxy %s mode: %d dials, %d long-lived pings across the takeover", mode, modes.ds, dials, echoes[0].n+echoes[1].n)
 		if dials < 3*len(targets) {
 			e.errorf(t, "only %d dials across the takeover; the prober did not keep up", dials)
 		}
@@ -603,6 +608,92 @@ COMMIT
 	e.args = nil
 	e.mu.Unlock()
 	e.checkAlive(t)
+}
+
+// metricFamily is one metric family on a /metrics page: its type and the
+// label names its samples carry (a histogram's "le" left out).
+type metricFamily struct {
+	typ    string
+	labels string // sorted, comma-separated
+}
+
+// metricFamilies scrapes a proxy's /metrics in the node.
+func metricFamilies(t *testing.T, e *env, addr string) map[string]metricFamily {
+	t.Helper()
+	out, err := netns.Exec(e.c.Node, "curl", "-sf", "http://"+addr+"/metrics")
+	if err != nil {
+		e.fatalf(t, "scraping %s/metrics: %v: %s", addr, err, out)
+	}
+	m := map[string]metricFamily{}
+	labelName := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="`)
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		if len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			m[f[2]] = metricFamily{typ: f[3]}
+			continue
+		}
+		name, labels, ok := strings.Cut(strings.TrimSpace(line), "{")
+		if !ok || strings.HasPrefix(name, "#") {
+			continue
+		}
+		for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
+			mf, ok := m[strings.TrimSuffix(name, suffix)]
+			if !ok || (suffix != "" && mf.typ != "histogram") {
+				continue
+			}
+			var names []string
+			for _, l := range labelName.FindAllStringSubmatch(labels[:strings.LastIndex(labels, "}")], -1) {
+				if l[1] != "le" {
+					names = append(names, l[1])
+				}
+			}
+			slices.Sort(names)
+			mf.labels = strings.Join(names, ",")
+			m[strings.TrimSuffix(name, suffix)] = mf
+			break
+		}
+	}
+	return m
+}
+
+// checkMetricParity: the metric families kube-proxy exported before the
+// takeover (kp) that dashboards and alerts use are on dsproxy's /metrics (ds)
+// with the same type and label names: kube-proxy's own (kubeproxy_*, when both
+// ran in one mode, as the set depends on the mode), client-go's rest_client_*,
+// the Go runtime's and the process's, and kubernetes_build_info. Not exported,
+// and logged: component-base's bookkeeping of its own metrics
+// (registered_metrics_total, ...), kubernetes_feature_enabled, the go_godebug_*
+// counters, and apiserver_* and aggregator_* that kube-proxy's binary links in.
+func checkMetricParity(t *testing.T, e *env, kp, ds map[string]metricFamily, sameMode bool) {
+	t.Helper()
+	var skipped []string
+	checked := 0
+	for _, name := range slices.Sorted(maps.Keys(kp)) {
+		want := kp[name]
+		switch {
+		case strings.HasPrefix(name, "kubeproxy_") && !sameMode:
+			continue
+		case strings.HasPrefix(name, "go_godebug_"),
+			!slices.ContainsFunc([]string{"kubeproxy_", "rest_client_", "go_", "process_", "kubernetes_build_info"},
+				func(p string) bool { return strings.HasPrefix(name, p) }):
+			if _, ok := ds[name]; !ok {
+				skipped = append(skipped, name)
+			}
+			continue
+		}
+		checked++
+		got, ok := ds[name]
+		switch {
+		case !ok:
+			e.errorf(t, "kube-proxy exports %s (%s), dsproxy does not", name, want.typ)
+		case got.typ != want.typ:
+			e.errorf(t, "%s: kube-proxy's is a %s, dsproxy's a %s", name, want.typ, got.typ)
+		case want.labels != "" && got.labels != "" && got.labels != want.labels:
+			e.errorf(t, "%s: kube-proxy's labels are {%s}, dsproxy's {%s}", name, want.labels, got.labels)
+		}
+	}
+	t.Logf("%d of kube-proxy's %d metric families checked on dsproxy's /metrics; %d not exported: %s",
+		checked, len(kp), len(skipped), strings.Join(skipped, " "))
 }
 
 // kubeProxyProc is a kube-proxy process in the node.
