@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"sync"
@@ -28,13 +29,10 @@ type localState struct {
 
 	mu       sync.Mutex
 	services map[*family.Family]map[types.NamespacedName]uint16
-	counts   map[*family.Family]map[types.NamespacedName]int
 }
 
 func newLocalState(m *metrics.Metrics, s *healthcheck.ServiceHealthServer) *localState {
-	return &localState{metrics: m, svcHC: s,
-		services: map[*family.Family]map[types.NamespacedName]uint16{},
-		counts:   map[*family.Family]map[types.NamespacedName]int{}}
+	return &localState{metrics: m, svcHC: s, services: map[*family.Family]map[types.NamespacedName]uint16{}}
 }
 
 // update is a proxier.Config.LocalStateChanged callback.
@@ -44,20 +42,16 @@ func (l *localState) update(f *family.Family, st *model.State) {
 	svcs, counts := healthcheck.FromState(st)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.services[f], l.counts[f] = svcs, counts
-	// Endpoint addresses of different families never coincide, so a dual-stack
-	// Service's local endpoints are the sum over families.
-	allSvcs, allCounts := map[types.NamespacedName]uint16{}, map[types.NamespacedName]int{}
+	l.services[f] = svcs
+	// A Service's health check node port serves every family it has; each
+	// family's requests are answered with that family's local endpoints, as
+	// kube-proxy's per-family servers answer.
+	allSvcs := map[types.NamespacedName]uint16{}
 	for fam := range l.services {
-		for nn, port := range l.services[fam] {
-			allSvcs[nn] = port
-		}
-		for nn, n := range l.counts[fam] {
-			allCounts[nn] += n
-		}
+		maps.Copy(allSvcs, l.services[fam])
 	}
 	l.svcHC.SyncServices(allSvcs)
-	l.svcHC.SyncEndpoints(allCounts)
+	l.svcHC.SyncEndpoints(f, counts)
 }
 
 // serveHTTP serves h on addr until ctx is done, retrying a failed listen or

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -16,6 +17,8 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
 // ListenFunc opens a listener; net.ListenConfig.Listen is one. Tests inject their
@@ -48,9 +51,11 @@ type ServiceHealthConfig struct {
 // that load balancers send traffic only to nodes that can serve it locally.
 //
 // dsproxy runs one ServiceHealthServer for both families: a dual-stack Service is
-// served on one port for both families, and its local endpoint count adds up both
-// families' endpoints (kube-proxy runs one server per family, each counting its own
-// family's endpoints).
+// served on one port for both families. As in kube-proxy, which runs one server
+// per family, a request is answered with the local endpoints of its own family:
+// that of the address it came in on (SyncEndpoints takes each family's counts).
+// Where kube-proxy's server of a family without the Service refuses the
+// connection, dsproxy's answers 503 with 0 endpoints; either fails the check.
 type ServiceHealthServer struct {
 	cfg ServiceHealthConfig
 	log logr.Logger
@@ -59,7 +64,7 @@ type ServiceHealthServer struct {
 	addrs     []netip.Addr
 	desired   map[types.NamespacedName]uint16
 	services  map[types.NamespacedName]*hcInstance
-	endpoints map[types.NamespacedName]int
+	endpoints map[*family.Family]map[types.NamespacedName]int
 	// failing holds the last error of Services whose port did not open.
 	failing map[types.NamespacedName]string
 	wg      sync.WaitGroup
@@ -89,7 +94,7 @@ func NewServiceHealthServer(cfg ServiceHealthConfig) *ServiceHealthServer {
 		log:       log.WithName("service-healthcheck"),
 		addrs:     slices.Clone(cfg.Addrs),
 		services:  map[types.NamespacedName]*hcInstance{},
-		endpoints: map[types.NamespacedName]int{},
+		endpoints: map[*family.Family]map[types.NamespacedName]int{},
 		failing:   map[types.NamespacedName]string{},
 	}
 }
@@ -212,15 +217,13 @@ func (s *ServiceHealthServer) closeInstance(nsn types.NamespacedName, inst *hcIn
 	}
 }
 
-// SyncEndpoints makes newEndpoints (Service → ready local endpoints) the counts
-// reported; Services missing from it have 0. The map is not retained.
-func (s *ServiceHealthServer) SyncEndpoints(newEndpoints map[types.NamespacedName]int) {
+// SyncEndpoints makes newEndpoints (Service → ready local endpoints of family f)
+// the counts reported to requests that come in on an address of f; Services
+// missing from it have 0 there. The map is not retained.
+func (s *ServiceHealthServer) SyncEndpoints(f *family.Family, newEndpoints map[types.NamespacedName]int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	clear(s.endpoints)
-	for nsn, n := range newEndpoints {
-		s.endpoints[nsn] = n
-	}
+	s.endpoints[f] = maps.Clone(newEndpoints)
 }
 
 // SetAddrs changes the addresses served (see ServiceHealthConfig.Addrs) and
@@ -268,10 +271,16 @@ type hcHandler struct {
 	s    *ServiceHealthServer
 }
 
-func (h hcHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+func (h hcHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f := requestFamily(r)
 	h.s.mu.RLock()
 	_, open := h.s.services[h.name]
-	count := h.s.endpoints[h.name]
+	count := 0
+	for fam, counts := range h.s.endpoints {
+		if f == nil || fam == f {
+			count += counts[h.name]
+		}
+	}
 	h.s.mu.RUnlock()
 	if !open {
 		// A request that raced with closing the port.
@@ -290,6 +299,20 @@ func (h hcHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	// kube-proxy's exact layout.
 	_, _ = fmt.Fprintf(w, "{\n\t\"service\": {\n\t\t\"namespace\": %s,\n\t\t\"name\": %s\n\t},\n\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %t\n}",
 		jsonString(h.name.Namespace), jsonString(h.name.Name), count, healthy)
+}
+
+// requestFamily is the family of the address r came in on; nil if unknown
+// (then every family's endpoints count).
+func requestFamily(r *http.Request) *family.Family {
+	a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok {
+		return nil
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return nil
+	}
+	return family.Of(ap.Addr().Unmap())
 }
 
 func jsonString(s string) string {

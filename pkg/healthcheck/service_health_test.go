@@ -18,6 +18,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
 // fakeNet opens real listeners on 127.0.0.1 with kernel-chosen ports and
@@ -165,7 +167,7 @@ func TestServiceHealth(t *testing.T) {
 	checkHC(t, "no endpoints", urlA, a, 503, 0, true)
 	checkHC(t, "no endpoints", urlB, b, 503, 0, true)
 
-	s.SyncEndpoints(map[types.NamespacedName]int{a: 2, nn("other"): 4})
+	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{a: 2, nn("other"): 4})
 	checkHC(t, "a has 2", urlA, a, 200, 2, true)
 	checkHC(t, "a has 2", urlB, b, 503, 0, true)
 
@@ -175,7 +177,7 @@ func TestServiceHealth(t *testing.T) {
 	healthy.Store(true)
 
 	// Counts not listed drop to 0.
-	s.SyncEndpoints(map[types.NamespacedName]int{b: 1})
+	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{b: 1})
 	checkHC(t, "b has 1", urlA, a, 503, 0, true)
 	checkHC(t, "b has 1", urlB, b, 200, 1, true)
 
@@ -225,7 +227,7 @@ func TestServiceHealthAddrs(t *testing.T) {
 	defer s.Close()
 	a := nn("a")
 	s.SyncServices(map[types.NamespacedName]uint16{a: 30001})
-	s.SyncEndpoints(map[types.NamespacedName]int{a: 1})
+	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{a: 1})
 	calls := fn.takeCalls()
 	if len(calls) != 2 || calls[0] != "tcp 192.0.2.10:30001" || calls[1] != "tcp [2001:db8::10]:30001" {
 		t.Errorf("listen calls %v", calls)
@@ -263,7 +265,7 @@ func TestServiceHealthListenErrors(t *testing.T) {
 	fn.setFail("192.0.2.11:30002", errors.New("permission denied"))
 	services := map[types.NamespacedName]uint16{good: 30001, bad: 30002, zero: 0}
 	s.SyncServices(services)
-	s.SyncEndpoints(map[types.NamespacedName]int{good: 1, bad: 1})
+	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{good: 1, bad: 1})
 
 	if got := s.Listening(); len(got) != 1 || got[good] != 30001 {
 		t.Errorf("Listening = %v; want only good", got)
@@ -314,7 +316,7 @@ func TestServiceHealthRealListeners(t *testing.T) {
 	// Two Services claim one port: the first in name order wins, the other is
 	// logged and retried.
 	s.SyncServices(map[types.NamespacedName]uint16{a: port, b: port})
-	s.SyncEndpoints(map[types.NamespacedName]int{a: 3, b: 1})
+	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{a: 3, b: 1})
 	if got := s.Listening(); len(got) != 1 || got[a] != port {
 		t.Errorf("Listening = %v", got)
 	}
@@ -374,7 +376,7 @@ func TestServiceHealthConcurrent(t *testing.T) {
 			defer wg.Done()
 			for j := range 20 {
 				if i == 0 {
-					s.SyncEndpoints(map[types.NamespacedName]int{a: j})
+					s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{a: j})
 				} else {
 					_ = hcGet(url)
 				}
@@ -382,4 +384,34 @@ func TestServiceHealthConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestServiceHealthPerFamily: as kube-proxy's per-family servers, a request is
+// answered with the local endpoints of the family it came in on, on real
+// listeners of both families; a family without counts answers 0 (503).
+func TestServiceHealthPerFamily(t *testing.T) {
+	l, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	port := uint16(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	s := NewServiceHealthServer(ServiceHealthConfig{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}})
+	defer s.Close()
+	a := nn("a")
+	s.SyncServices(map[types.NamespacedName]uint16{a: port})
+	if got := s.Listening(); got[a] != port {
+		t.Fatalf("listening %v, want %s on %d", got, a, port)
+	}
+	v4 := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	v6 := fmt.Sprintf("http://[::1]:%d/", port)
+	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{a: 1})
+	checkHC(t, "IPv4 has 1, IPv6 none yet", v4, a, 200, 1, true)
+	checkHC(t, "IPv4 has 1, IPv6 none yet", v6, a, 503, 0, true)
+	s.SyncEndpoints(family.IPv6, map[types.NamespacedName]int{a: 3})
+	checkHC(t, "IPv4 1, IPv6 3", v4, a, 200, 1, true)
+	checkHC(t, "IPv4 1, IPv6 3", v6, a, 200, 3, true)
+	s.SyncEndpoints(family.IPv4, nil)
+	checkHC(t, "IPv4 gone", v4, a, 503, 0, true)
+	checkHC(t, "IPv4 gone", v6, a, 200, 3, true)
 }

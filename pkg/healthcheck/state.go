@@ -8,16 +8,17 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/model"
 )
 
-// FromState computes SyncServices' and SyncEndpoints' arguments from the families'
-// desired states (pass every running family's State, each read on its own sync
-// goroutine or otherwise without a concurrent sync).
+// FromState computes SyncServices' and SyncEndpoints' arguments from desired
+// states (each read on its own sync goroutine or otherwise without a concurrent
+// sync): one family's for that family's SyncEndpoints.
 //
 // services maps each Service with a healthCheckNodePort (LoadBalancer,
 // externalTrafficPolicy Local) to that port. endpoints maps each of those Services
 // to its ready local endpoints, counted as kube-proxy's LocalReadyEndpoints does:
 // distinct endpoint addresses over all the Service's ports, ready ones only
 // (terminating endpoints still serve traffic, but the check fails when a node has
-// only those). A dual-stack Service counts the endpoints of both families.
+// only those). Given several families' states, a dual-stack Service counts the
+// endpoints of all of them.
 func FromState(states ...*model.State) (services map[types.NamespacedName]uint16, endpoints map[types.NamespacedName]int) {
 	services = map[types.NamespacedName]uint16{}
 	addrs := map[types.NamespacedName]map[netip.Addr]struct{}{}
