@@ -160,6 +160,10 @@ setup_cp_netns() {
 		ip -n "$CP_NETNS" addr add "$API_V6/64" dev "$LINK_BR" nodad
 	fi
 	ip -n "$CP_NETNS" link set "$LINK_BR" up
+	# Nodes' default routes point here and nothing is forwarded: a test that
+	# probes an unrouted address sees the unreachable error of every attempt,
+	# not only of those the ICMP rate limit lets through.
+	ip netns exec "$CP_NETNS" sysctl -q -w net.ipv4.icmp_ratelimit=0 net.ipv6.icmp.ratelimit=0
 }
 
 # start NAME CMD...: runs CMD detached (own session) inside the cp netns.

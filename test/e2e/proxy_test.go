@@ -52,6 +52,7 @@ func TestProxy(t *testing.T) {
 		"r1", "r2", "r3", // DsproxyRestart
 		"m1", "m2", "m3", // ModeSwitch
 		"t1", "t2", "t3", "t4", "t5", // KubeProxyTakeover
+		"q1", "q2", "q3", // KubeProxyParity
 		"k1", "k2", // APIServerRestart
 	)
 	t.Run("Services", func(t *testing.T) { testServices(t, e) })
@@ -62,6 +63,7 @@ func TestProxy(t *testing.T) {
 	t.Run("DsproxyRestart", func(t *testing.T) { testDsproxyRestart(t, e) })
 	t.Run("ModeSwitch", func(t *testing.T) { testModeSwitch(t, e) })
 	t.Run("KubeProxyTakeover", func(t *testing.T) { testKubeProxyTakeover(t, e) })
+	t.Run("KubeProxyParity", func(t *testing.T) { testKubeProxyParity(t, e) })
 	// Before APIServerRestart: a restarted kube-apiserver briefly answers
 	// "forbidden" to everyone until its RBAC authorizer has caught up.
 	t.Run("Manifests", func(t *testing.T) { testManifests(t, e) })

@@ -73,6 +73,9 @@ func (e *DialError) Unwrap() []error {
 // IsRefused reports whether err is a Dial error of kind ErrRefused.
 func IsRefused(err error) bool { return errors.Is(err, ErrRefused) }
 
+// IsUnreachable reports whether err is a Dial error of kind ErrUnreachable.
+func IsUnreachable(err error) bool { return errors.Is(err, ErrUnreachable) }
+
 // IsTimeout reports whether err is a Dial error of kind ErrTimeout.
 func IsTimeout(err error) bool { return errors.Is(err, ErrTimeout) }
 

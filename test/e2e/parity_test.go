@@ -1,0 +1,493 @@
+//go:build e2e && netns
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dsproxy/dsproxy/test/netns"
+)
+
+// parityProbe is one connection of the KubeProxyParity matrix.
+type parityProbe struct {
+	name   string // "<Service> <target> from <source>"
+	from   *netns.NS
+	proto  netns.Proto
+	dst    netip.AddrPort
+	sticky bool // ClientIP affinity: the outcome says whether one server answered all
+}
+
+func (p parityProbe) key() string { return fmt.Sprintf("%s %s %s", p.name, p.proto, p.dst.Addr()) }
+
+// parityOutcome is what a probe's dials saw: the servers that answered, the
+// source each saw (classified), and the failures by kind.
+type parityOutcome struct {
+	servers, srcs map[string]bool
+	fails         map[string]bool // "refused", "dropped", or the error
+	dials         int
+}
+
+func (o parityOutcome) String() string {
+	var parts []string
+	if len(o.servers) > 0 {
+		parts = append(parts, fmt.Sprintf("served by %s, source %s", strings.Join(slices.Sorted(maps.Keys(o.servers)), ","),
+			strings.Join(slices.Sorted(maps.Keys(o.srcs)), ",")))
+	}
+	for _, f := range slices.Sorted(maps.Keys(o.fails)) {
+		parts = append(parts, f)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// covers reports whether o has seen everything want saw.
+func (o parityOutcome) covers(want parityOutcome) bool {
+	for _, m := range [][2]map[string]bool{{o.servers, want.servers}, {o.srcs, want.srcs}, {o.fails, want.fails}} {
+		for k := range m[1] {
+			if !m[0][k] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// parityFixture is the Services and pods of KubeProxyParity.
+type parityFixture struct {
+	e       *env
+	remote  *netns.NS // the pod on the remote node
+	nodeIPs map[netip.Addr]bool
+	probes  []parityProbe
+	health  []string // URLs of health check node ports, fetched from external
+}
+
+// testKubeProxyParity runs the real kube-proxy v1.36 as the oracle: the same
+// Services (traffic policies local and remote, no endpoints, unready and
+// publishNotReadyAddresses endpoints, ExternalIPs, load-balancer IPs with
+// source ranges, ClientIP affinity, hairpin, unknown ports, unallocated
+// ServiceCIDR addresses, localhost NodePorts) are probed over TCP and UDP on
+// both families from the node, a pod and outside, first through kube-proxy
+// and then through dsproxy in the same mode, for the iptables and nftables
+// modes. Every probe must end the same way: served by the same endpoints with
+// the same source address seen, refused, or dropped. The health check node
+// ports must answer alike (status, body, headers).
+func testKubeProxyParity(t *testing.T, e *env) {
+	x := newParityFixture(t, e)
+	t.Logf("%d probes per proxy, %d health check URLs", len(x.probes), len(x.health))
+	kpOuts, dsOuts := map[string]map[string]parityOutcome{}, map[string]map[string]parityOutcome{}
+	for _, mode := range []string{"iptables", "nftables"} {
+		// kube-proxy alone.
+		if err := e.cur().stop(); err != nil {
+			e.fatalf(t, "stopping dsproxy: %v", err)
+		}
+		if out, err := netns.Exec(e.c.Node, e.bin, "--cleanup"); err != nil {
+			e.fatalf(t, "dsproxy --cleanup: %v\n%s", err, out)
+		}
+		if out, err := netns.Exec(e.c.Node, "conntrack", "-F"); err != nil {
+			e.fatalf(t, "conntrack -F: %v\n%s", err, out)
+		}
+		kp := startKubeProxy(t, e, mode)
+		x.waitServing(t, "kube-proxy "+mode)
+		start := time.Now()
+		kpOut := x.run(nil)
+		kpHealth := append(x.fetchHealth(t), proxyHealth(t, e, "127.0.0.1:10356")...)
+		t.Logf("kube-proxy %s mode: %d probes in %v", mode, len(kpOut), time.Since(start).Round(time.Millisecond))
+		if err := kp.stop(); err != nil {
+			e.fatalf(t, "kube-proxy on SIGTERM: %v", err)
+		}
+		if out, err := netns.Exec(e.c.Node, e.bin, "--cleanup", "--cleanup-kube-proxy"); err != nil {
+			e.fatalf(t, "dsproxy --cleanup --cleanup-kube-proxy: %v\n%s", err, out)
+		}
+
+		// dsproxy alone, in the same mode, from an empty conntrack table (as
+		// kube-proxy started): a dial that reuses a source port of one of
+		// kube-proxy's UDP flows would follow that flow's translation.
+		if out, err := netns.Exec(e.c.Node, "conntrack", "-F"); err != nil {
+			e.fatalf(t, "conntrack -F: %v\n%s", err, out)
+		}
+		e.mu.Lock()
+		e.args = []string{"--proxy-mode", mode}
+		e.mu.Unlock()
+		p := e.startDsproxy(t)
+		if err := p.waitLog(30*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`); err != nil {
+			e.fatalf(t, "dsproxy in %s mode: %v", mode, err)
+		}
+		x.waitServing(t, "dsproxy "+mode)
+		start = time.Now()
+		dsOut := x.run(kpOut)
+		dsHealth := append(x.fetchHealth(t), proxyHealth(t, e, "127.0.0.1:10256")...)
+		t.Logf("dsproxy %s mode: %d probes in %v", mode, len(dsOut), time.Since(start).Round(time.Millisecond))
+
+		kpOuts[mode], dsOuts[mode] = kpOut, dsOut
+		for i, what := range append(slices.Clone(x.health), "/healthz", "/livez") {
+			if kpHealth[i] != dsHealth[i] {
+				e.errorf(t, "%s mode, health check %s:\nkube-proxy:\n%s\ndsproxy:\n%s", mode, what, kpHealth[i], dsHealth[i])
+			}
+		}
+	}
+	for _, mode := range []string{"iptables", "nftables"} {
+		same, deviations := 0, 0
+		for _, pr := range x.probes {
+			k := pr.key()
+			kp, ds := kpOuts[mode][k], dsOuts[mode][k]
+			if kp.String() == ds.String() {
+				same++
+				continue
+			}
+			if why := parityDeviation(mode, pr, kp, ds, kpOuts["nftables"][k]); why != "" {
+				deviations++
+				t.Logf("%s mode, %s: kube-proxy: %s; dsproxy: %s: %s", mode, k, kp, ds, why)
+				continue
+			}
+			e.errorf(t, "%s mode, %s: kube-proxy: %s (%d dials); dsproxy: %s (%d dials)", mode, k, kp, kp.dials, ds, ds.dials)
+		}
+		t.Logf("%s mode: %d of %d probes end alike, %d differ as intended", mode, same, len(x.probes), deviations)
+	}
+	e.mu.Lock()
+	e.args = nil
+	e.mu.Unlock()
+	e.checkAlive(t)
+}
+
+// parityDeviation says why dsproxy's outcome ds may differ from kube-proxy's
+// kp in mode, or "" if it may not; kpNFT is kube-proxy's in nftables mode.
+func parityDeviation(mode string, pr parityProbe, kp, ds, kpNFT parityOutcome) string {
+	switch {
+	case settled(pr, kp) == "refused" && ds.String() == "refused":
+		// kube-proxy rejects TCP with an ICMPv6 error, which the kernel drops
+		// when it arrives while connect() holds the socket lock (the client
+		// then fails only after a SYN retransmission); dsproxy sends a reset.
+		return "dsproxy refuses TCP with a reset"
+	case mode == "iptables" && (strings.Contains(pr.name, "unknown-port") || strings.HasPrefix(pr.name, "ServiceCIDR unallocated")) &&
+		ds.String() == settled(pr, kpNFT):
+		// kube-proxy's iptables mode has no rule for these: the packets leave by
+		// the default route. dsproxy's refuses unknown ports of Service
+		// addresses and drops unallocated ServiceCIDR addresses in every mode.
+		return "as kube-proxy's nftables mode"
+	}
+	return ""
+}
+
+// settled is o without a timeout beside another failure of an IPv6 TCP probe:
+// an ICMPv6 error that arrives while connect() holds the socket lock is
+// dropped, and the first dial times out before the SYN retransmission.
+func settled(pr parityProbe, o parityOutcome) string {
+	if pr.proto != netns.TCP || !pr.dst.Addr().Is6() || len(o.servers) > 0 || !o.fails["dropped"] || len(o.fails) != 2 {
+		return o.String()
+	}
+	o.fails = maps.Clone(o.fails)
+	delete(o.fails, "dropped")
+	return o.String()
+}
+
+func newParityFixture(t *testing.T, e *env) *parityFixture {
+	t.Helper()
+	x := &parityFixture{e: e, nodeIPs: map[netip.Addr]bool{}}
+	out, err := netns.Exec(e.c.Node, "ip", "-o", "addr", "show")
+	if err != nil {
+		t.Fatalf("ip addr: %v", err)
+	}
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "inet" || f[i] == "inet6" {
+				if p, err := netip.ParsePrefix(f[i+1]); err == nil {
+					x.nodeIPs[p.Addr()] = true
+				}
+			}
+		}
+	}
+
+	// Pods: q1, q2 ready on the node, q3 not ready, qr ready on a remote node.
+	remoteNode := e.node + "-remote"
+	if _, err := e.cp.CreateNode(remoteNode, netns.RemoteNodeIPv4.String(), netns.RemoteNodeIPv6.String()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = e.cp.Client.CoreV1().Nodes().Delete(context.Background(), remoteNode, metav1.DeleteOptions{})
+	})
+	x.remote = e.c.AddRemotePod("qr")
+	x.remote.Serve(netns.TCP, podPort)
+	x.remote.Serve(netns.UDP, podPort)
+	label := func(kv ...string) map[string]string {
+		m := map[string]string{"parity": "yes"}
+		for _, s := range kv {
+			m[s] = "yes"
+		}
+		return m
+	}
+	e.addPods(t, label("web", "lb", "sticky", "local"), true, "q1")
+	e.addPods(t, label("web", "lb", "sticky"), true, "q2")
+	e.addPods(t, label("unready"), false, "q3")
+	if _, err := e.cp.CreatePodWithIPs(e.ns, "qr", remoteNode, []string{x.remote.IPv4.String(), x.remote.IPv6.String()},
+		label("local", "remote"), true); err != nil {
+		t.Fatal(err)
+	}
+
+	sel := func(k string) map[string]string { return map[string]string{k: "yes"} }
+	svcs := map[string]*corev1.Service{}
+	mk := func(name string, typ corev1.ServiceType, selector map[string]string, mod func(*corev1.Service)) {
+		svc := service(name, typ, nil, selector, tcpHTTP, udpHTTP)
+		if mod != nil {
+			mod(svc)
+		}
+		svcs[name] = e.createService(t, svc)
+	}
+	local := func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }
+	extIPs := map[corev1.IPFamily]netip.Addr{
+		corev1.IPv4Protocol: netip.MustParseAddr("203.0.113.40"), corev1.IPv6Protocol: netip.MustParseAddr("2001:db8:e::40"),
+	}
+	lbIP := map[corev1.IPFamily]netip.Addr{
+		corev1.IPv4Protocol: netip.MustParseAddr("203.0.113.41"), corev1.IPv6Protocol: netip.MustParseAddr("2001:db8:e::41"),
+	}
+	mk("par-web", corev1.ServiceTypeNodePort, sel("web"), nil)
+	mk("par-local", corev1.ServiceTypeLoadBalancer, sel("local"), local)
+	mk("par-remote-local", corev1.ServiceTypeLoadBalancer, sel("remote"), local)
+	mk("par-itp-local", corev1.ServiceTypeClusterIP, sel("remote"), func(s *corev1.Service) {
+		p := corev1.ServiceInternalTrafficPolicyLocal
+		s.Spec.InternalTrafficPolicy = &p
+	})
+	mk("par-empty", corev1.ServiceTypeNodePort, sel("nothing"), nil)
+	mk("par-lb", corev1.ServiceTypeLoadBalancer, sel("lb"), func(s *corev1.Service) {
+		s.Spec.ExternalIPs = []string{extIPs[corev1.IPv4Protocol].String(), extIPs[corev1.IPv6Protocol].String()}
+		s.Spec.LoadBalancerSourceRanges = []string{netns.ExternalCIDRs[0].String(), netns.ExternalCIDRs[1].String()}
+	})
+	svcs["par-lb"] = e.setLoadBalancerIPs(t, "par-lb", lbIP[corev1.IPv4Protocol], lbIP[corev1.IPv6Protocol])
+	mk("par-sticky", corev1.ServiceTypeClusterIP, sel("sticky"), func(s *corev1.Service) {
+		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	})
+	mk("par-unready", corev1.ServiceTypeClusterIP, sel("unready"), nil)
+	mk("par-pnr", corev1.ServiceTypeClusterIP, sel("unready"), func(s *corev1.Service) { s.Spec.PublishNotReadyAddresses = true })
+
+	q1 := e.pods["q1"]
+	unallocated := map[corev1.IPFamily]netip.Addr{
+		corev1.IPv4Protocol: netip.MustParseAddr("10.96.255.200"), corev1.IPv6Protocol: netip.MustParseAddr("fd00:96::ffc8"),
+	}
+	for _, f := range families {
+		for _, proto := range []netns.Proto{netns.TCP, netns.UDP} {
+			port := strings.ToLower(string(proto))
+			add := func(svc, target string, from *netns.NS, dst netip.AddrPort) {
+				x.probes = append(x.probes, parityProbe{name: svc + " " + target + " from " + from.Name, from: from, proto: proto, dst: dst})
+			}
+			cip := func(name string) netip.AddrPort {
+				a, _ := clusterIP(svcs[name], f, svcPort)
+				return a
+			}
+			np := func(name string) netip.AddrPort {
+				return netip.AddrPortFrom(nodeIP(f), nodePort(svcs[name], port))
+			}
+			for _, from := range []*netns.NS{e.c.Node, e.client, q1} {
+				add("par-web", "ClusterIP", from, cip("par-web"))
+			}
+			for _, from := range []*netns.NS{e.external, e.c.Node, e.client} {
+				add("par-web", "NodePort", from, np("par-web"))
+			}
+			add("par-web", "ClusterIP-unknown-port", e.client, netip.AddrPortFrom(cip("par-web").Addr(), svcPort+1))
+			add("par-web", "NodePort-unknown", e.external, netip.AddrPortFrom(nodeIP(f), 32766))
+			loopback := netip.MustParseAddr("127.0.0.1")
+			if f == corev1.IPv6Protocol {
+				loopback = netip.IPv6Loopback()
+			}
+			add("par-web", "localhost-NodePort", e.c.Node, netip.AddrPortFrom(loopback, nodePort(svcs["par-web"], port)))
+			for _, name := range []string{"par-local", "par-remote-local"} {
+				add(name, "ClusterIP", e.client, cip(name))
+				for _, from := range []*netns.NS{e.external, e.c.Node, e.client} {
+					add(name, "NodePort", from, np(name))
+				}
+			}
+			for _, from := range []*netns.NS{e.client, e.c.Node} {
+				add("par-itp-local", "ClusterIP", from, cip("par-itp-local"))
+				add("par-empty", "ClusterIP", from, cip("par-empty"))
+				add("ServiceCIDR", "unallocated", from, netip.AddrPortFrom(unallocated[f], svcPort))
+			}
+			add("par-empty", "NodePort", e.external, np("par-empty"))
+			for _, from := range []*netns.NS{e.external, e.client, e.c.Node} {
+				add("par-lb", "ExternalIP", from, netip.AddrPortFrom(extIPs[f], svcPort))
+				add("par-lb", "LoadBalancerIP", from, netip.AddrPortFrom(lbIP[f], svcPort))
+			}
+			add("par-lb", "LoadBalancerIP-unknown-port", e.external, netip.AddrPortFrom(lbIP[f], svcPort+1))
+			add("par-lb", "NodePort", e.external, np("par-lb"))
+			x.probes = append(x.probes, parityProbe{name: "par-sticky ClusterIP from client", from: e.client, proto: proto, dst: cip("par-sticky"), sticky: true})
+			add("par-unready", "ClusterIP", e.client, cip("par-unready"))
+			add("par-pnr", "ClusterIP", e.client, cip("par-pnr"))
+		}
+		for _, name := range []string{"par-local", "par-remote-local"} {
+			hc := svcs[name].Spec.HealthCheckNodePort
+			x.health = append(x.health, fmt.Sprintf("http://%s/", netip.AddrPortFrom(nodeIP(f), uint16(hc))))
+		}
+	}
+	return x
+}
+
+// waitServing waits until the proxy serves the fixture: every Service with a
+// ready endpoint answers on its ClusterIP from the client pod.
+func (x *parityFixture) waitServing(t *testing.T, who string) {
+	t.Helper()
+	for _, pr := range x.probes {
+		if pr.proto != netns.TCP || !strings.HasSuffix(pr.name, " ClusterIP from client") ||
+			strings.Contains(pr.name, "empty") || strings.Contains(pr.name, "unready") || strings.Contains(pr.name, "itp-local") {
+			continue
+		}
+		if _, err := reach(pr.from, pr.proto, pr.dst, 30*time.Second); err != nil {
+			x.e.fatalf(t, "%s does not serve %s: %v", who, pr.name, err)
+		}
+	}
+}
+
+// run dials every probe, 8 at a time, and returns the outcomes by key. With
+// want (kube-proxy's outcomes), a probe goes on dialling until it has seen all
+// that want saw, or 40 dials: a random choice of endpoints must not decide.
+func (x *parityFixture) run(want map[string]parityOutcome) map[string]parityOutcome {
+	out := map[string]parityOutcome{}
+	var mu sync.Mutex
+	work := make(chan parityProbe)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for pr := range work {
+				w, ok := want[pr.key()]
+				o := x.probe(pr, w, ok && !pr.sticky)
+				mu.Lock()
+				out[pr.key()] = o
+				mu.Unlock()
+			}
+		})
+	}
+	for _, pr := range x.probes {
+		work <- pr
+	}
+	close(work)
+	wg.Wait()
+	return out
+}
+
+// probe dials pr: a failing probe is settled after 3 failed dials, a served one
+// after 24, or with want after 12 once it has seen what want saw (at most 40).
+func (x *parityFixture) probe(pr parityProbe, want parityOutcome, haveWant bool) parityOutcome {
+	o := parityOutcome{servers: map[string]bool{}, srcs: map[string]bool{}, fails: map[string]bool{}}
+	failed := 0
+	for o.dials < 40 {
+		timeout := dialTimeout
+		if failed > 0 {
+			timeout = negTimeout
+		}
+		r, err := netns.Dial(pr.from, pr.proto, pr.dst, timeout)
+		o.dials++
+		switch {
+		case err == nil:
+			o.servers[r.Server] = true
+			o.srcs[x.classify(pr.from, r.ObservedSrc.Addr())] = true
+		case netns.IsRefused(err):
+			o.fails["refused"] = true
+			failed++
+		case netns.IsTimeout(err):
+			o.fails["dropped"] = true
+			failed++
+		case netns.IsUnreachable(err):
+			o.fails["unreachable"] = true
+			failed++
+		default:
+			// The errno alone: the message names the random source port.
+			msg := err.Error()
+			o.fails[msg[strings.LastIndex(msg, ": ")+2:]] = true
+			failed++
+		}
+		if failed >= 3 && len(o.servers) == 0 {
+			break
+		}
+		// kube-proxy's outcome is the reference: 24 dials leave a choice of two
+		// endpoints unseen once in 8 million.
+		if (haveWant && o.dials >= 12 && o.covers(want)) || (!haveWant && o.dials >= 24) {
+			break
+		}
+	}
+	if pr.sticky && len(o.servers) > 0 {
+		o.servers = map[string]bool{fmt.Sprintf("sticky %v", len(o.servers) == 1): true}
+	}
+	return o
+}
+
+// classify names the source address a server saw: the client's own, the node's,
+// or the address itself.
+func (x *parityFixture) classify(from *netns.NS, a netip.Addr) string {
+	a = a.Unmap()
+	switch {
+	case from != x.e.c.Node && (a == from.IPv4 || a == from.IPv6):
+		return "client's own"
+	case x.nodeIPs[a]:
+		return "node " + a.String()
+	}
+	return a.String()
+}
+
+// fetchHealth GETs every health check node port from outside and returns the
+// status line, the headers a load balancer reads, and the body.
+func (x *parityFixture) fetchHealth(t *testing.T) []string {
+	t.Helper()
+	var res []string
+	for _, url := range x.health {
+		out, err := netns.Exec(x.e.external, "curl", "-si", "--max-time", "2", url)
+		if err != nil {
+			res = append(res, fmt.Sprintf("error: %v", err))
+			continue
+		}
+		head, body, _ := strings.Cut(strings.ReplaceAll(out, "\r\n", "\n"), "\n\n")
+		var keep []string
+		for i, line := range strings.Split(head, "\n") {
+			name, _, _ := strings.Cut(strings.ToLower(line), ":")
+			if i == 0 || name == "content-type" || name == "x-content-type-options" || name == "x-load-balancing-endpoint-weight" {
+				keep = append(keep, line)
+			}
+		}
+		slices.Sort(keep[1:])
+		res = append(res, strings.Join(keep, "\n")+"\n\n"+body)
+	}
+	return res
+}
+
+// proxyHealth GETs a proxy's /healthz and /livez in the node and returns, for
+// each, the status line, Content-Type and the JSON body's fields with their
+// values' types (the timestamps differ) and nodeEligible's value.
+func proxyHealth(t *testing.T, e *env, addr string) []string {
+	t.Helper()
+	var res []string
+	for _, path := range []string{"/healthz", "/livez"} {
+		out, err := netns.Exec(e.c.Node, "curl", "-si", "--max-time", "2", "http://"+addr+path)
+		if err != nil {
+			res = append(res, fmt.Sprintf("error: %v", err))
+			continue
+		}
+		head, body, _ := strings.Cut(strings.ReplaceAll(out, "\r\n", "\n"), "\n\n")
+		lines := strings.Split(head, "\n")
+		desc := []string{lines[0]}
+		for _, line := range lines[1:] {
+			if name, _, _ := strings.Cut(strings.ToLower(line), ":"); name == "content-type" {
+				desc = append(desc, line)
+			}
+		}
+		var fields map[string]any
+		if err := json.Unmarshal([]byte(body), &fields); err != nil {
+			desc = append(desc, "body not JSON: "+body)
+		}
+		for _, k := range slices.Sorted(maps.Keys(fields)) {
+			v := fmt.Sprintf("%T", fields[k])
+			if k == "nodeEligible" {
+				v = fmt.Sprint(fields[k])
+			}
+			desc = append(desc, k+": "+v)
+		}
+		res = append(res, strings.Join(desc, "\n"))
+	}
+	return res
+}
