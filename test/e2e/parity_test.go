@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -15,7 +16,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/dsproxy/dsproxy/test/netns"
 )
@@ -81,7 +85,8 @@ type parityFixture struct {
 // and then through dsproxy in the same mode, for the iptables and nftables
 // modes. Every probe must end the same way: served by the same endpoints with
 // the same source address seen, refused, or dropped. The health check node
-// ports must answer alike (status, body, headers).
+// ports must answer alike (status, body, headers). DSPROXY_E2E_PARITY_LOG=1
+// logs every outcome.
 func testKubeProxyParity(t *testing.T, e *env) {
 	x := newParityFixture(t, e)
 	t.Logf("%d probes per proxy, %d health check URLs", len(x.probes), len(x.health))
@@ -141,7 +146,10 @@ func testKubeProxyParity(t *testing.T, e *env) {
 		for _, pr := range x.probes {
 			k := pr.key()
 			kp, ds := kpOuts[mode][k], dsOuts[mode][k]
-			if kp.String() == ds.String() {
+			if settled(pr, kp) == settled(pr, ds) {
+				if os.Getenv("DSPROXY_E2E_PARITY_LOG") == "1" {
+					t.Logf("%s mode, %s: %s", mode, k, kp)
+				}
 				same++
 				continue
 			}
@@ -164,13 +172,8 @@ func testKubeProxyParity(t *testing.T, e *env) {
 // kp in mode, or "" if it may not; kpNFT is kube-proxy's in nftables mode.
 func parityDeviation(mode string, pr parityProbe, kp, ds, kpNFT parityOutcome) string {
 	switch {
-	case settled(pr, kp) == "refused" && ds.String() == "refused":
-		// kube-proxy rejects TCP with an ICMPv6 error, which the kernel drops
-		// when it arrives while connect() holds the socket lock (the client
-		// then fails only after a SYN retransmission); dsproxy sends a reset.
-		return "dsproxy refuses TCP with a reset"
 	case mode == "iptables" && (strings.Contains(pr.name, "unknown-port") || strings.HasPrefix(pr.name, "ServiceCIDR unallocated")) &&
-		ds.String() == settled(pr, kpNFT):
+		settled(pr, ds) == settled(pr, kpNFT):
 		// kube-proxy's iptables mode has no rule for these: the packets leave by
 		// the default route. dsproxy's refuses unknown ports of Service
 		// addresses and drops unallocated ServiceCIDR addresses in every mode.
@@ -181,7 +184,9 @@ func parityDeviation(mode string, pr parityProbe, kp, ds, kpNFT parityOutcome) s
 
 // settled is o without a timeout beside another failure of an IPv6 TCP probe:
 // an ICMPv6 error that arrives while connect() holds the socket lock is
-// dropped, and the first dial times out before the SYN retransmission.
+// dropped, and the first dial times out before the SYN retransmission. That
+// is why kube-proxy's refusals of IPv6 TCP often begin with a timeout, and
+// dsproxy's, a TCP reset, never do; such outcomes count as alike.
 func settled(pr parityProbe, o parityOutcome) string {
 	if pr.proto != netns.TCP || !pr.dst.Addr().Is6() || len(o.servers) > 0 || !o.fails["dropped"] || len(o.fails) != 2 {
 		return o.String()
@@ -217,6 +222,13 @@ func newParityFixture(t *testing.T, e *env) *parityFixture {
 	t.Cleanup(func() {
 		_ = e.cp.Client.CoreV1().Nodes().Delete(context.Background(), remoteNode, metav1.DeleteOptions{})
 	})
+	// Zones for trafficDistribution: this node in zone-a, the remote one in zone-b.
+	for node, zone := range map[string]string{e.node: "zone-a", remoteNode: "zone-b"} {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, corev1.LabelTopologyZone, zone)
+		if _, err := e.cp.Client.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("zone label on %s: %v", node, err)
+		}
+	}
 	x.remote = e.c.AddRemotePod("qr")
 	x.remote.Serve(netns.TCP, podPort)
 	x.remote.Serve(netns.UDP, podPort)
@@ -230,6 +242,7 @@ func newParityFixture(t *testing.T, e *env) *parityFixture {
 	e.addPods(t, label("web", "lb", "sticky", "local"), true, "q1")
 	e.addPods(t, label("web", "lb", "sticky"), true, "q2")
 	e.addPods(t, label("unready"), false, "q3")
+	e.addPods(t, label("term"), true, "q4")
 	if _, err := e.cp.CreatePodWithIPs(e.ns, "qr", remoteNode, []string{x.remote.IPv4.String(), x.remote.IPv6.String()},
 		label("local", "remote"), true); err != nil {
 		t.Fatal(err)
@@ -251,6 +264,12 @@ func newParityFixture(t *testing.T, e *env) *parityFixture {
 	lbIP := map[corev1.IPFamily]netip.Addr{
 		corev1.IPv4Protocol: netip.MustParseAddr("203.0.113.41"), corev1.IPv6Protocol: netip.MustParseAddr("2001:db8:e::41"),
 	}
+	lbLocal := map[corev1.IPFamily]netip.Addr{
+		corev1.IPv4Protocol: netip.MustParseAddr("203.0.113.43"), corev1.IPv6Protocol: netip.MustParseAddr("2001:db8:e::43"),
+	}
+	lbProxy := map[corev1.IPFamily]netip.Addr{
+		corev1.IPv4Protocol: netip.MustParseAddr("203.0.113.42"), corev1.IPv6Protocol: netip.MustParseAddr("2001:db8:e::42"),
+	}
 	mk("par-web", corev1.ServiceTypeNodePort, sel("web"), nil)
 	mk("par-local", corev1.ServiceTypeLoadBalancer, sel("local"), local)
 	mk("par-remote-local", corev1.ServiceTypeLoadBalancer, sel("remote"), local)
@@ -269,6 +288,74 @@ func newParityFixture(t *testing.T, e *env) *parityFixture {
 	})
 	mk("par-unready", corev1.ServiceTypeClusterIP, sel("unready"), nil)
 	mk("par-pnr", corev1.ServiceTypeClusterIP, sel("unready"), func(s *corev1.Service) { s.Spec.PublishNotReadyAddresses = true })
+
+	svcs["par-local"] = e.setLoadBalancerIPs(t, "par-local", lbLocal[corev1.IPv4Protocol], lbLocal[corev1.IPv6Protocol])
+	// Another proxy's Service: neither proxy touches it.
+	mk("par-other-proxy", corev1.ServiceTypeClusterIP, sel("web"), func(s *corev1.Service) {
+		s.Labels = map[string]string{"service.kubernetes.io/service-proxy-name": "someone-else"}
+	})
+	// Topology: both prefer the endpoint in the node's zone (q1) over the remote one.
+	mk("par-close", corev1.ServiceTypeNodePort, sel("local"), func(s *corev1.Service) {
+		d := corev1.ServiceTrafficDistributionPreferClose
+		s.Spec.TrafficDistribution = &d
+	})
+	mk("par-same-node", corev1.ServiceTypeClusterIP, sel("local"), func(s *corev1.Service) {
+		d := "PreferSameNode"
+		s.Spec.TrafficDistribution = &d
+	})
+	// A load balancer that proxies (ipMode Proxy): its IP is not short-circuited.
+	mk("par-lb-proxy", corev1.ServiceTypeLoadBalancer, sel("lb"), nil)
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		svc, err := e.cp.Client.CoreV1().Services(e.ns).Get(context.Background(), "par-lb-proxy", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		proxy := corev1.LoadBalancerIPModeProxy
+		svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{
+			{IP: lbProxy[corev1.IPv4Protocol].String(), IPMode: &proxy}, {IP: lbProxy[corev1.IPv6Protocol].String(), IPMode: &proxy}}
+		svcs["par-lb-proxy"], err = e.cp.Client.CoreV1().Services(e.ns).UpdateStatus(context.Background(), svc, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("par-lb-proxy status: %v", err)
+	}
+	// Only a terminating endpoint (q4, deleted with a grace period no kubelet
+	// ends): both fall back to it, for internal and external traffic.
+	mk("par-term", corev1.ServiceTypeNodePort, sel("term"), local)
+	if err := e.cp.Client.CoreV1().Pods(e.ns).Delete(context.Background(), "q4", metav1.DeleteOptions{GracePeriodSeconds: new(int64(3600))}); err != nil {
+		t.Fatalf("deleting q4 gracefully: %v", err)
+	}
+	t.Cleanup(func() { _ = e.cp.DeletePod(e.ns, "q4") })
+	for _, f := range families {
+		terminating := func(slices []discoveryv1.EndpointSlice) bool {
+			for _, sl := range slices {
+				for _, ep := range sl.Endpoints {
+					if ep.Conditions.Terminating != nil && *ep.Conditions.Terminating {
+						return true
+					}
+				}
+			}
+			return false
+		}
+		if _, err := e.cp.WaitForEndpointSlicesFunc(e.ns, "par-term", f, terminating); err != nil {
+			t.Fatalf("par-term: no terminating %s endpoint: %v", f, err)
+		}
+		hinted := func(slices []discoveryv1.EndpointSlice) bool {
+			n := 0
+			for _, sl := range slices {
+				for _, ep := range sl.Endpoints {
+					if ep.Hints == nil || len(ep.Hints.ForZones) == 0 {
+						return false
+					}
+					n++
+				}
+			}
+			return n == 2
+		}
+		if _, err := e.cp.WaitForEndpointSlicesFunc(e.ns, "par-close", f, hinted); err != nil {
+			t.Fatalf("par-close: %s endpoints without zone hints: %v", f, err)
+		}
+	}
 
 	q1 := e.pods["q1"]
 	unallocated := map[corev1.IPFamily]netip.Addr{
@@ -319,6 +406,19 @@ func newParityFixture(t *testing.T, e *env) *parityFixture {
 			add("par-lb", "LoadBalancerIP-unknown-port", e.external, netip.AddrPortFrom(lbIP[f], svcPort+1))
 			add("par-lb", "NodePort", e.external, np("par-lb"))
 			x.probes = append(x.probes, parityProbe{name: "par-sticky ClusterIP from client", from: e.client, proto: proto, dst: cip("par-sticky"), sticky: true})
+			for _, from := range []*netns.NS{e.external, e.client} {
+				add("par-local", "LoadBalancerIP", from, netip.AddrPortFrom(lbLocal[f], svcPort))
+				add("par-lb-proxy", "LoadBalancerIP", from, netip.AddrPortFrom(lbProxy[f], svcPort))
+			}
+			add("par-lb-proxy", "LoadBalancerIP", e.c.Node, netip.AddrPortFrom(lbProxy[f], svcPort))
+			add("par-other-proxy", "ClusterIP", e.client, cip("par-other-proxy"))
+			for _, from := range []*netns.NS{e.client, e.c.Node} {
+				add("par-close", "ClusterIP", from, cip("par-close"))
+				add("par-same-node", "ClusterIP", from, cip("par-same-node"))
+			}
+			add("par-close", "NodePort", e.external, np("par-close"))
+			add("par-term", "ClusterIP", e.client, cip("par-term"))
+			add("par-term", "NodePort", e.external, np("par-term"))
 			add("par-unready", "ClusterIP", e.client, cip("par-unready"))
 			add("par-pnr", "ClusterIP", e.client, cip("par-pnr"))
 		}
@@ -336,7 +436,8 @@ func (x *parityFixture) waitServing(t *testing.T, who string) {
 	t.Helper()
 	for _, pr := range x.probes {
 		if pr.proto != netns.TCP || !strings.HasSuffix(pr.name, " ClusterIP from client") ||
-			strings.Contains(pr.name, "empty") || strings.Contains(pr.name, "unready") || strings.Contains(pr.name, "itp-local") {
+			strings.Contains(pr.name, "empty") || strings.Contains(pr.name, "unready") || strings.Contains(pr.name, "itp-local") ||
+			strings.Contains(pr.name, "other-proxy") {
 			continue
 		}
 		if _, err := reach(pr.from, pr.proto, pr.dst, 30*time.Second); err != nil {

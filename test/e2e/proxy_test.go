@@ -52,7 +52,7 @@ func TestProxy(t *testing.T) {
 		"r1", "r2", "r3", // DsproxyRestart
 		"m1", "m2", "m3", // ModeSwitch
 		"t1", "t2", "t3", "t4", "t5", // KubeProxyTakeover
-		"q1", "q2", "q3", // KubeProxyParity
+		"q1", "q2", "q3", "q4", // KubeProxyParity
 		"k1", "k2", // APIServerRestart
 	)
 	t.Run("Services", func(t *testing.T) { testServices(t, e) })
