@@ -572,12 +572,11 @@ func (e *proxyNode) expectDropped(t *testing.T, from *NS, p Proto, dst netip.Add
 // datagram that the node's own output hook rejects never leaves: the kernel
 // fails the send with EPERM, so that is what "refused" looks like there
 // (kube-proxy's rules behave the same); TCP still gets its reset, and SCTP, whose
-// connect sends its INIT asynchronously, its ICMP error or ABORT. In IPVS mode
-// Service addresses are the node's own: its datagram reaches the input hook and
-// is refused as anyone's is.
+// connect sends its INIT asynchronously, its ICMP error or ABORT. The IPVS mode,
+// whose Service addresses are the node's own, rejects in its output hook too.
 func (e *proxyNode) expectRefusedFromNode(t *testing.T, p Proto, dst netip.AddrPort) {
 	t.Helper()
-	if p != UDP || e.mode == modeIPVS {
+	if p != UDP {
 		e.expectRefused(t, e.c.Node, p, dst)
 		return
 	}

@@ -298,11 +298,45 @@ func TestRender(t *testing.T) {
 	if len(o.vs) != 0 || len(noEps) != 3 { // the ClusterIP and two NodePort addresses
 		t.Fatalf("no endpoints: %+v", o)
 	}
+	// Traffic policy Local, endpoints elsewhere only: the NodePorts keep virtual
+	// servers with the cluster endpoints, for local sources, and are marked for
+	// the filter rules that drop the others.
 	remote := port(f, "remote", 12, 3)
 	remote.NodePort, remote.ExternalPolicyLocal = 30012, true
 	o = render(remote, node(f), "rr")
-	if len(o.vs) != 1 || !slices.ContainsFunc(o.members, func(m member) bool { return m.set == setNoLocal && m.e.Port == 30012 }) {
+	nodePortVS := 0
+	for _, v := range o.vs {
+		if v.svc.Port == 30012 && len(v.dests) == 1 && v.dests[0].Addr == remote.Cluster[0].Addr {
+			nodePortVS++
+		}
+	}
+	noLocalExt := slices.DeleteFunc(slices.Clone(o.members), func(m member) bool { return m.set != setNoLocalExt || m.e.Port != 30012 })
+	if len(o.vs) != 3 || nodePortVS != 2 || len(noLocalExt) != 2 || slices.ContainsFunc(o.members, func(m member) bool { return m.set == setNoLocal }) {
 		t.Fatalf("ETP Local without local endpoints: %+v", o)
+	}
+	// loadBalancerSourceRanges: the node's own connections to the VIP (which
+	// take it as source) are allowed only when a range holds the node's IP.
+	for _, c := range []struct {
+		ranges   string
+		fromNode bool
+	}{{"198.51.100.0/24", false}, {"192.0.2.0/24", true}} {
+		lb := port(f, "lb", 13, 1)
+		vip, r := netip.MustParseAddr("203.0.113.9"), netip.MustParsePrefix(c.ranges)
+		lb.LoadBalancerVIPs, lb.SourceRanges = []netip.Addr{vip}, []netip.Prefix{r}
+		o = render(lb, node(f), "rr")
+		self := slices.ContainsFunc(o.members, func(m member) bool { return m.set == setSourceRanges && m.e.IP == vip && m.e.IP2 == vip })
+		if self != c.fromNode {
+			t.Errorf("source range %s: the VIP as an allowed source is %v, want %v: %+v", r, self, c.fromNode, o.members)
+		}
+	}
+
+	// With internal traffic policy Local too there are no cluster endpoints:
+	// no virtual server, dropped for every source.
+	remote.InternalPolicyLocal, remote.Cluster = true, nil
+	o = render(remote, node(f), "rr")
+	noLocal := slices.DeleteFunc(slices.Clone(o.members), func(m member) bool { return m.set != setNoLocal })
+	if len(o.vs) != 0 || len(noLocal) != 3 {
+		t.Fatalf("both traffic policies Local without local endpoints: %+v", o)
 	}
 }
 
@@ -572,6 +606,10 @@ func TestRuleset(t *testing.T) {
 		"-A DSIPVS-POSTROUTING -j MASQUERADE --random-fully",
 		"-A DSIPVS-FORWARD -d fd00:96::/112 -m set ! --match-set DSIPVS6-IPS dst -j DROP",
 		"-A DSIPVS-FORWARD -m conntrack --ctstate INVALID -j DROP",
+		"-A DSIPVS-FIREWALL-OUTPUT -m conntrack --ctstate NEW -m set --match-set DSIPVS6-FIREWALL dst,dst -m set ! --match-set DSIPVS6-SOURCE-RANGES dst,dst,src -j DROP",
+		"-A DSIPVS-INPUT -m set --match-set DSIPVS6-NO-LOCAL-EXTERNAL dst,dst -j DSIPVS-NO-LOCAL-EXTERNAL",
+		"-A DSIPVS-NO-LOCAL-EXTERNAL -s fd00:64::/48 -j RETURN",
+		"-A DSIPVS-NO-LOCAL-EXTERNAL -j DROP",
 	} {
 		if !strings.Contains(rs, want+"\n") {
 			t.Errorf("ruleset lacks %q:\n%s", want, rs)

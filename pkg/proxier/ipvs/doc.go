@@ -10,17 +10,24 @@
 //	  <externalIP or VIP>:<port>             real servers: the external endpoints
 //	  <each NodePort address>:<nodePort>     real servers: the external endpoints
 //	  (no endpoints: no virtual server; the filter rules refuse or drop instead of
-//	  IPVS, whose own ICMP error a local TCP client takes as soft)
+//	  IPVS, whose own ICMP error a local TCP client takes as soft; but an external
+//	  address with traffic policy Local and endpoints on other nodes only keeps
+//	  one with the cluster endpoints, for the node's and its pods' connections, as
+//	  kube-proxy's IPVS mode: others are dropped, where kube-proxy's IPVS mode
+//	  forwards them with their source, and the reply is usually lost)
 //	dsproxy-ipvs0 (dummy link, up):          the ClusterIP, ExternalIPs and VIPs
 //	ipsets (DSIPVS-<name>, IPv6 DSIPVS6-<name>):
 //	  CLUSTER-IP          clusterIP,proto:port
 //	  EXTERNAL            external address,proto:port, traffic policy Cluster
 //	  EXTERNAL-LOCAL      the same, traffic policy Local
 //	  FIREWALL            VIP,proto:port with loadBalancerSourceRanges
-//	  SOURCE-RANGES       VIP,proto:port,allowed range
+//	  SOURCE-RANGES       VIP,proto:port,allowed range (and VIP,proto:port,VIP when a
+//	                      range holds the node's IP: the node's own connections)
 //	  LOOP-BACK           local endpoint,proto:port,endpoint (hairpin)
 //	  NO-ENDPOINTS        address,proto:port of ports without endpoints anywhere
 //	  NO-LOCAL-ENDPOINTS  ... with endpoints on other nodes only (traffic policy Local)
+//	  NO-LOCAL-EXTERNAL   the same for an external address of a port whose cluster
+//	                      endpoints then serve local sources (virtual server with them)
 //	  IPS                 every address on dsproxy-ipvs0
 //	  HEALTH-CHECK        NodePort address,tcp:health check node port
 //	  RESERVED            NodePort address,proto:port the other family holds
@@ -35,16 +42,19 @@
 //	  DSIPVS-MASQ-NONLOCAL: <from local pods> -j RETURN; -j DSIPVS-MARK-MASQ
 //	  DSIPVS-MARK-MASQ:   -j MARK --or-mark <masquerade bit>
 //	  DSIPVS-POSTROUTING: LOOP-BACK dst,dst,src MASQUERADE; unmarked RETURN; clear the bit; MASQUERADE
+//	mangle (the node's own connections: IPVS takes them at LOCAL_OUT, before filter):
+//	  OUTPUT: -j DSIPVS-FIREWALL-OUTPUT: new, FIREWALL dst,dst and not SOURCE-RANGES dst,dst,src DROP
 //	filter (INPUT runs before IPVS takes a packet, so it sees the Service address):
 //	  INPUT:   -j DSIPVS-INPUT
 //	  DSIPVS-INPUT:   FIREWALL dst,dst and not SOURCE-RANGES dst,dst,src DROP
 //	                  NO-ENDPOINTS REJECT (TCP reset); NO-LOCAL-ENDPOINTS DROP
+//	                  NO-LOCAL-EXTERNAL -j DSIPVS-NO-LOCAL-EXTERNAL: <from local pods> RETURN; DROP
 //	                  CLUSTER-IP, EXTERNAL, EXTERNAL-LOCAL RETURN; HEALTH-CHECK ACCEPT
 //	                  new connections to IPS (any other port) REJECT
 //	                  new connections to RESERVED REJECT
 //	  FORWARD: -j DSIPVS-FORWARD: ct INVALID DROP (not with TCPBeLiberal); -d <service CIDR> not in IPS DROP;
 //	           marked ACCEPT; ESTABLISHED,RELATED ACCEPT
-//	  OUTPUT:  -j DSIPVS-OUTPUT: -d <service CIDR> not in IPS DROP
+//	  OUTPUT:  -j DSIPVS-OUTPUT: -d <service CIDR> not in IPS DROP; NO-ENDPOINTS REJECT
 //
 // Each sync changes only what its changed ports changed: the backend keeps, per
 // port, the virtual servers, members and addresses it rendered, with a count per

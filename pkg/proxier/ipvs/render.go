@@ -23,6 +23,7 @@ const (
 	setLoopBack                   // hash:ip,port,ip: local endpoint, protocol, port, endpoint (hairpin)
 	setNoEndpoints                // hash:ip,port: no endpoint anywhere: REJECT
 	setNoLocal                    // hash:ip,port: endpoints only on other nodes (traffic policy Local): DROP
+	setNoLocalExt                 // hash:ip,port: the same for an external address served from local sources with the cluster endpoints
 	setIPs                        // hash:ip: every address bound to the dummy link
 	setHealthCheck                // hash:ip,port: health check node ports on each NodePort address
 	setReserved                   // hash:ip,port: NodePorts the other family holds, on each NodePort address
@@ -38,6 +39,7 @@ var setDefs = [numSets]struct{ name, typ string }{
 	setLoopBack:      {"LOOP-BACK", "hash:ip,port,ip"},
 	setNoEndpoints:   {"NO-ENDPOINTS", "hash:ip,port"},
 	setNoLocal:       {"NO-LOCAL-ENDPOINTS", "hash:ip,port"},
+	setNoLocalExt:    {"NO-LOCAL-EXTERNAL", "hash:ip,port"},
 	setIPs:           {"IPS", "hash:ip"},
 	setHealthCheck:   {"HEALTH-CHECK", "hash:ip,port"},
 	setReserved:      {"RESERVED", "hash:ip,port"},
@@ -101,7 +103,12 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 		return nil
 	}
 	o := &objs{}
-	add := func(a netip.Addr, port uint16, eps []model.Endpoint) ipvs.Entry {
+	// add adds the virtual server a:port for eps. fallback, for an external
+	// address with traffic policy Local, is the cluster endpoints: with no
+	// local endpoint, they serve the node's own and its pods' connections, as
+	// kube-proxy's IPVS mode serves them, while others are dropped (as in
+	// kube-proxy's other modes; kube-proxy's IPVS mode forwards them unmasked).
+	add := func(a netip.Addr, port uint16, eps, fallback []model.Endpoint) ipvs.Entry {
 		svc := ipvs.Service{Key: ipvs.Key{Addr: a, Proto: proto, Port: port}, Scheduler: sched}
 		if ps.AffinitySeconds != 0 {
 			svc.Persistent, svc.Timeout = true, ps.AffinitySeconds
@@ -114,6 +121,9 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 		switch {
 		case len(eps) != 0:
 			o.vs = append(o.vs, virtual{svc: svc, dests: dests(eps)})
+		case ps.HasAny && len(fallback) != 0:
+			o.vs = append(o.vs, virtual{svc: svc, dests: dests(fallback)})
+			o.members = append(o.members, member{setNoLocalExt, e})
 		case ps.HasAny:
 			o.members = append(o.members, member{setNoLocal, e})
 		default:
@@ -123,17 +133,18 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 	}
 	inFamily := func(a netip.Addr) bool { return a.IsValid() && a.BitLen() == f.BitLen }
 	if inFamily(ps.ClusterIP) {
-		o.members = append(o.members, member{setClusterIP, add(ps.ClusterIP, ps.Port, ps.InternalEndpoints())})
+		o.members = append(o.members, member{setClusterIP, add(ps.ClusterIP, ps.Port, ps.InternalEndpoints(), nil)})
 		o.addrs = append(o.addrs, ps.ClusterIP)
 	}
 	ext := setExternal
+	var fallback []model.Endpoint
 	if ps.ExternalPolicyLocal {
-		ext = setExternalLocal
+		ext, fallback = setExternalLocal, ps.Cluster
 	}
 	external := ps.ExternalEndpoints()
 	for _, a := range ps.ExternalIPs {
 		if inFamily(a) {
-			o.members = append(o.members, member{ext, add(a, ps.Port, external)})
+			o.members = append(o.members, member{ext, add(a, ps.Port, external, fallback)})
 			o.addrs = append(o.addrs, a)
 		}
 	}
@@ -142,23 +153,31 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 		if !inFamily(a) {
 			continue
 		}
-		e := add(a, ps.Port, external)
+		e := add(a, ps.Port, external, fallback)
 		o.members = append(o.members, member{ext, e})
 		o.addrs = append(o.addrs, a)
 		if anySource {
 			continue
 		}
 		o.members = append(o.members, member{setFirewall, e})
+		fromNode := false
 		for _, r := range ps.SourceRanges {
 			if r.Addr().BitLen() == f.BitLen {
 				o.members = append(o.members, member{setSourceRanges, ipvs.Entry{IP: a, Proto: proto, Port: ps.Port,
 					IP2: r.Addr(), CIDR2: rangeBits(r)}})
+				fromNode = fromNode || r.Contains(node.NodeIP)
 			}
+		}
+		// The node's own connections to the VIP, bound to the dummy link, take
+		// it as their source: as in kube-proxy, they are allowed when a range
+		// holds the node's IP (the filter OUTPUT rule drops the others).
+		if fromNode {
+			o.members = append(o.members, member{setSourceRanges, ipvs.Entry{IP: a, Proto: proto, Port: ps.Port, IP2: a}})
 		}
 	}
 	if ps.NodePort != 0 {
 		for _, a := range nodePortAddrs(node) {
-			o.members = append(o.members, member{ext, add(a, ps.NodePort, external)})
+			o.members = append(o.members, member{ext, add(a, ps.NodePort, external, fallback)})
 		}
 	}
 	for _, eps := range [][]model.Endpoint{ps.Cluster, ps.Local} {

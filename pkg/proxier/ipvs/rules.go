@@ -17,6 +17,8 @@ const (
 	chainInput       = Prefix + "INPUT"       // filter INPUT
 	chainForward     = Prefix + "FORWARD"     // filter FORWARD
 	chainOutput      = Prefix + "OUTPUT"      // filter OUTPUT
+	chainNoLocalExt  = Prefix + "NO-LOCAL-EXTERNAL"
+	chainFirewallOut = Prefix + "FIREWALL-OUTPUT" // mangle OUTPUT
 )
 
 // jumps are the rules in built-in chains that enter dsproxy's: table, chain, rule.
@@ -27,6 +29,7 @@ var jumps = [][3]string{
 	{"filter", "INPUT", chainInput},
 	{"filter", "FORWARD", chainForward},
 	{"filter", "OUTPUT", chainOutput},
+	{"mangle", "OUTPUT", chainFirewallOut},
 }
 
 // ruleset renders the whole iptables-restore input for the node settings. Filter
@@ -64,14 +67,26 @@ func ruleset(node *proxier.NodeConfig, masqBit int, randomFully, keepInvalid boo
 	w("-A %s %s", chainPostrouting, masq)
 	w("COMMIT")
 
+	// The node's own connections are scheduled by IPVS at LOCAL_OUT, before
+	// filter OUTPUT, and never pass INPUT: mangle OUTPUT still sees the VIP.
+	w("*mangle")
+	w(":%s - [0:0]", chainFirewallOut)
+	w("-A %s -m conntrack --ctstate NEW %s -m set ! --match-set %s dst,dst,src -j DROP", chainFirewallOut, set(setFirewall, "dst,dst"), setName(f, setSourceRanges))
+	w("COMMIT")
+
 	w("*filter")
-	for _, c := range []string{chainInput, chainForward, chainOutput} {
+	for _, c := range []string{chainInput, chainForward, chainOutput, chainNoLocalExt} {
 		w(":%s - [0:0]", c)
 	}
 	w("-A %s %s -m set ! --match-set %s dst,dst,src -j DROP", chainInput, set(setFirewall, "dst,dst"), setName(f, setSourceRanges))
 	w("-A %s %s -p tcp -j REJECT --reject-with tcp-reset", chainInput, set(setNoEndpoints, "dst,dst"))
 	w("-A %s %s -j REJECT", chainInput, set(setNoEndpoints, "dst,dst"))
 	w("-A %s %s -j DROP", chainInput, set(setNoLocal, "dst,dst"))
+	w("-A %s %s -j %s", chainInput, set(setNoLocalExt, "dst,dst"), chainNoLocalExt)
+	for _, m := range localMatches(node.Local, f.BitLen) {
+		w("-A %s %s -j RETURN", chainNoLocalExt, m)
+	}
+	w("-A %s -j DROP", chainNoLocalExt)
 	for _, s := range []setID{setClusterIP, setExternal, setExternalLocal} {
 		w("-A %s %s -j RETURN", chainInput, set(s, "dst,dst"))
 	}
@@ -91,6 +106,10 @@ func ruleset(node *proxier.NodeConfig, masqBit int, randomFully, keepInvalid boo
 		w("-A %s -d %s -m set ! --match-set %s dst -j DROP", chainForward, c, setName(f, setIPs))
 		w("-A %s -d %s -m set ! --match-set %s dst -j DROP", chainOutput, c, setName(f, setIPs))
 	}
+	// The node's own connections to a port without endpoints fail at once, as
+	// in kube-proxy's other modes (a UDP sender sees EPERM), not after INPUT.
+	w("-A %s %s -p tcp -j REJECT --reject-with tcp-reset", chainOutput, set(setNoEndpoints, "dst,dst"))
+	w("-A %s %s -j REJECT", chainOutput, set(setNoEndpoints, "dst,dst"))
 	w("-A %s -m mark --mark %s/%s -j ACCEPT", chainForward, mark, mark)
 	w("-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", chainForward)
 	w("COMMIT")
