@@ -109,3 +109,12 @@ func TestIPVSMode(t *testing.T) {
 	}
 	e.checkAlive(t)
 }
+
+// TestIPVSParity is KubeProxyParity for the IPVS mode: the real kube-proxy
+// v1.36 in IPVS mode is the oracle for dsproxy's. Guest kernel only (make
+// test-ipvs).
+func TestIPVSParity(t *testing.T) {
+	netnstest.RequireIPVS(t)
+	e := newEnvArgs(t, []string{"--proxy-mode", "ipvs"}, "q1", "q2", "q3", "q4")
+	kubeProxyParity(t, e, "ipvs")
+}

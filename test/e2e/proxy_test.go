@@ -757,6 +757,18 @@ func (kp *kubeProxyProc) tail() string {
 	return framework.Tail(string(data), 30)
 }
 
+// errors returns the last 20 error lines of kube-proxy's log.
+func (kp *kubeProxyProc) errors() string {
+	data, _ := os.ReadFile(kp.log)
+	var errs []string
+	for line := range strings.Lines(string(data)) {
+		if strings.HasPrefix(line, "E") {
+			errs = append(errs, line)
+		}
+	}
+	return strings.Join(errs[max(0, len(errs)-20):], "")
+}
+
 // checkNFAcctMetrics checks the iptables mode's nfacct-backed metrics
 // (kube-proxy's names): a connection to the IPv4 NodePort of targets on
 // 127.0.0.1 counts as an accepted localhost NodePort connection, and the
