@@ -107,7 +107,8 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 	// address with traffic policy Local, is the cluster endpoints: with no
 	// local endpoint, they serve the node's own and its pods' connections, as
 	// kube-proxy's IPVS mode serves them, while others are dropped (as in
-	// kube-proxy's other modes; kube-proxy's IPVS mode forwards them unmasked).
+	// kube-proxy's other modes; kube-proxy's IPVS mode forwards them with the
+	// client's address as source).
 	add := func(a netip.Addr, port uint16, eps, fallback []model.Endpoint) ipvs.Entry {
 		svc := ipvs.Service{Key: ipvs.Key{Addr: a, Proto: proto, Port: port}, Scheduler: sched}
 		if ps.AffinitySeconds != 0 {
@@ -170,7 +171,7 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 		}
 		// The node's own connections to the VIP, bound to the dummy link, take
 		// it as their source: as in kube-proxy, they are allowed when a range
-		// holds the node's IP (the filter OUTPUT rule drops the others).
+		// holds the node's IP (the mangle OUTPUT rule drops the others).
 		if fromNode {
 			o.members = append(o.members, member{setSourceRanges, ipvs.Entry{IP: a, Proto: proto, Port: ps.Port, IP2: a}})
 		}
