@@ -75,9 +75,11 @@ type parityFixture struct {
 }
 
 // testKubeProxyParity runs the real kube-proxy v1.36 as the oracle: the same
-// Services (traffic policies local and remote, no endpoints, unready and
-// publishNotReadyAddresses endpoints, ExternalIPs, load-balancer IPs with
-// source ranges, ClientIP affinity, hairpin, unknown ports, unallocated
+// Services (traffic policies Local with local and remote endpoints,
+// trafficDistribution across zones, no endpoints, unready,
+// publishNotReadyAddresses and only terminating endpoints, ExternalIPs,
+// load-balancer IPs with source ranges and with ipMode Proxy, ClientIP
+// affinity, hairpin, another proxy's Service, unknown ports, unallocated
 // ServiceCIDR addresses, localhost NodePorts) are probed over TCP and UDP on
 // both families from the node, a pod and outside, first through kube-proxy
 // and then through dsproxy in the same mode, for the iptables and nftables
