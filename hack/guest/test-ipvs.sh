@@ -10,7 +10,7 @@ bin=$1
 root=$(pwd)
 cd "$root/test/netns"
 "$bin/netns.test" -test.count=1 -test.run '^(TestProxierServices|TestProxierEndpointChurn|TestProxierRestartWithoutDrop)$/^ipvs$'
-"$bin/netns.test" -test.count=1 -test.v -test.run '^TestIPVS'
+"$bin/netns.test" -test.count=1 -test.v -test.run '^(TestIPVS.*|TestDialSCTPSurvivesLostInit)$'
 cd "$root/pkg/ipvs"
 "$bin/ipvs.test" -test.count=1 -test.v
 cd "$root/pkg/app"

@@ -313,3 +313,40 @@ func runHost(name string, args ...string) (string, error) {
 	out, err := exec.Command(name, args...).CombinedOutput()
 	return string(out), err
 }
+
+// TestDialSCTPSurvivesLostInit checks that an SCTP dial, like a TCP one, survives one
+// lost INIT: the node drops the first packet of each client port once, and the dial
+// must still be served well within its timeout (the kernel's default initial
+// retransmission timeout, 3 s, would time it out).
+func TestDialSCTPSurvivesLostInit(t *testing.T) {
+	c := New(t)
+	c.RequireSCTP()
+	a := c.AddPod("pod-a")
+	b := c.AddPod("pod-b")
+	b.Serve(SCTP, srvPort)
+	if out, err := ExecStdin(c.Node, strings.NewReader(`
+table inet harness_lose {
+	set seen {
+		type inet_service
+		flags dynamic
+	}
+	chain forward_lose {
+		type filter hook forward priority 0; policy accept;
+		meta l4proto sctp th dport 8080 th sport != @seen add @seen { th sport } drop
+	}
+}`), "nft", "-f", "-"); err != nil {
+		t.Fatalf("nft: %v %s", err, out)
+	}
+	for _, f := range family.All {
+		for range 3 {
+			start := time.Now()
+			r, err := Dial(a, SCTP, netip.AddrPortFrom(b.IP(f), srvPort), dialTimout)
+			if err != nil {
+				t.Fatalf("%s sctp with its first INIT lost: %v", f.Name, err)
+			}
+			if d := time.Since(start); r.Server != b.Name || d < sctpInitialRTO-50*time.Millisecond {
+				t.Fatalf("%s sctp: served by %s after %v, want %s after at least one retransmission (%v)", f.Name, r.Server, d, b.Name, sctpInitialRTO)
+			}
+		}
+	}
+}
