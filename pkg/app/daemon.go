@@ -282,8 +282,8 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 		Conntrack:     conntrack.New(),
 		NoExternalIPs: !gateEnabled(d.cfg, "AllowServiceExternalIPs", true),
 		// Called after every successful full sync, the first one included.
-		LocalStateChanged: func(f *family.Family, st *model.State) {
-			d.local.update(f, st)
+		LocalStateChanged: func(f *family.Family, st *model.State, node *proxier.NodeConfig) {
+			d.local.update(f, st, node.NodePortAddresses)
 			d.cold.synced(f)
 		},
 	})

@@ -4,54 +4,45 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/http"
-	"sync"
+	"slices"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/healthcheck"
 	"github.com/dsproxy/dsproxy/pkg/metrics"
 	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nodeport"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
 
-// localState merges what each family knows about local endpoints into the service
+// localState hands what each family knows about local endpoints to the service
 // health server and the no-local-endpoints gauges. Each family reports from its own
 // sync goroutine.
 type localState struct {
 	metrics *metrics.Metrics
 	svcHC   *healthcheck.ServiceHealthServer
-
-	mu       sync.Mutex
-	services map[*family.Family]map[types.NamespacedName]uint16
 }
 
 func newLocalState(m *metrics.Metrics, s *healthcheck.ServiceHealthServer) *localState {
-	return &localState{metrics: m, svcHC: s, services: map[*family.Family]map[types.NamespacedName]uint16{}}
+	return &localState{metrics: m, svcHC: s}
 }
 
-// update is a proxier.Config.LocalStateChanged callback.
-func (l *localState) update(f *family.Family, st *model.State) {
+// update is a proxier.Config.LocalStateChanged callback. As kube-proxy's
+// per-family health servers, family f serves the health check node ports of its
+// own Services, on its NodePort addresses (every address of the family, loopback
+// included, when --nodeport-addresses does not restrict it), with its own local
+// endpoint counts.
+func (l *localState) update(f *family.Family, st *model.State, np nodeport.Addresses) {
 	internal, external := metrics.NoLocalEndpoints(st)
 	l.metrics.SetNoLocalEndpoints(f, internal, external)
 	svcs, counts := healthcheck.FromState(st)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.services[f] = svcs
-	// A Service's health check node port serves every family it has; each
-	// family's requests are answered with that family's local endpoints, as
-	// kube-proxy's per-family servers answer.
-	allSvcs := map[types.NamespacedName]uint16{}
-	for fam := range l.services {
-		maps.Copy(allSvcs, l.services[fam])
-	}
-	l.svcHC.SyncServices(allSvcs)
+	l.svcHC.SetAddrs(f, slices.Concat(np.Addrs, np.Loopback), np.MatchAll)
 	l.svcHC.SyncEndpoints(f, counts)
+	l.svcHC.SyncServices(f, svcs)
 }
 
 // serveHTTP serves h on addr until ctx is done, retrying a failed listen or

@@ -27,10 +27,6 @@ type ListenFunc func(ctx context.Context, network, address string) (net.Listener
 
 // ServiceHealthConfig configures a ServiceHealthServer.
 type ServiceHealthConfig struct {
-	// Addrs are the node addresses to serve healthCheckNodePorts on (kube-proxy
-	// uses the --nodeport-addresses matches); empty means every address of both
-	// families (one "tcp" wildcard listener per port).
-	Addrs []netip.Addr
 	// ProxyHealthy is reported as serviceProxyHealthy, and a false value fails
 	// every Service's check; nil means always healthy. Pass
 	// (*ProxyHealthServer).Healthy, as kube-proxy does.
@@ -50,24 +46,32 @@ type ServiceHealthConfig struct {
 // ready local endpoint for the Service and the proxy is healthy, 503 otherwise, so
 // that load balancers send traffic only to nodes that can serve it locally.
 //
-// dsproxy runs one ServiceHealthServer for both families: a dual-stack Service is
-// served on one port for both families. As in kube-proxy, which runs one server
-// per family, a request is answered with the local endpoints of its own family:
-// that of the address it came in on (SyncEndpoints takes each family's counts).
-// Where kube-proxy's server of a family without the Service refuses the
-// connection, dsproxy's answers 503 with 0 endpoints; either fails the check.
+// As kube-proxy, which runs one server per family, it keeps each family apart: a
+// family serves the Services its proxier reports (SyncServices), on that family's
+// addresses only (SetAddrs: the --nodeport-addresses matches, or every address of
+// the family), and answers with that family's local endpoints (SyncEndpoints). A
+// dual-stack Service is served on both families; a single-stack one is refused on
+// the other family's addresses.
 type ServiceHealthServer struct {
 	cfg ServiceHealthConfig
 	log logr.Logger
 
-	mu        sync.RWMutex
+	mu   sync.RWMutex
+	fams map[*family.Family]*familyHealth
+	wg   sync.WaitGroup
+}
+
+// familyHealth is one family's part of a ServiceHealthServer.
+type familyHealth struct {
+	f *family.Family
+	// all listens on the family's wildcard address; otherwise on addrs.
+	all       bool
 	addrs     []netip.Addr
 	desired   map[types.NamespacedName]uint16
 	services  map[types.NamespacedName]*hcInstance
-	endpoints map[*family.Family]map[types.NamespacedName]int
+	endpoints map[types.NamespacedName]int
 	// failing holds the last error of Services whose port did not open.
 	failing map[types.NamespacedName]string
-	wg      sync.WaitGroup
 }
 
 type hcInstance struct {
@@ -79,7 +83,8 @@ type hcInstance struct {
 	listeners []net.Listener
 }
 
-// NewServiceHealthServer returns a server with no Services.
+// NewServiceHealthServer returns a server with no Services. Each family listens on
+// its wildcard address until SetAddrs says otherwise.
 func NewServiceHealthServer(cfg ServiceHealthConfig) *ServiceHealthServer {
 	if cfg.Listen == nil {
 		var lc net.ListenConfig
@@ -89,46 +94,49 @@ func NewServiceHealthServer(cfg ServiceHealthConfig) *ServiceHealthServer {
 	if log.GetSink() == nil {
 		log = klog.Background()
 	}
-	return &ServiceHealthServer{
-		cfg:       cfg,
-		log:       log.WithName("service-healthcheck"),
-		addrs:     slices.Clone(cfg.Addrs),
-		services:  map[types.NamespacedName]*hcInstance{},
-		endpoints: map[*family.Family]map[types.NamespacedName]int{},
-		failing:   map[types.NamespacedName]string{},
+	s := &ServiceHealthServer{
+		cfg:  cfg,
+		log:  log.WithName("service-healthcheck"),
+		fams: map[*family.Family]*familyHealth{},
 	}
+	for _, f := range family.All {
+		s.fams[f] = &familyHealth{
+			f:        f,
+			all:      true,
+			services: map[types.NamespacedName]*hcInstance{},
+			failing:  map[types.NamespacedName]string{},
+		}
+	}
+	return s
 }
 
 // SyncServices makes newServices (Service → healthCheckNodePort) the set of
-// Services served: it closes the ports of Services that are gone or whose port
-// changed and opens the ports of new ones. A port that cannot be opened (in use,
-// no permission, port 0) is logged and reported to OnListenError (once per
-// distinct error), never fatal; it is tried again at every later SyncServices
-// until it opens. The map is not
-// retained.
-func (s *ServiceHealthServer) SyncServices(newServices map[types.NamespacedName]uint16) {
+// Services family f serves: it closes the ports of Services that are gone or whose
+// port changed and opens the ports of new ones. A port that cannot be opened (in
+// use, no permission, port 0) is logged and reported to OnListenError (once per
+// distinct error), never fatal; it is tried again at every later SyncServices of
+// the family until it opens. The map is not retained.
+func (s *ServiceHealthServer) SyncServices(f *family.Family, newServices map[types.NamespacedName]uint16) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.desired = make(map[types.NamespacedName]uint16, len(newServices))
-	for nsn, port := range newServices {
-		s.desired[nsn] = port
-	}
-	s.syncLocked()
+	fh := s.fams[f]
+	fh.desired = maps.Clone(newServices)
+	s.syncLocked(fh)
 }
 
-func (s *ServiceHealthServer) syncLocked() {
-	for nsn, inst := range s.services {
-		if port, ok := s.desired[nsn]; !ok || port != inst.port {
-			s.log.V(2).Info("Closing healthcheck", "service", nsn, "port", inst.port)
+func (s *ServiceHealthServer) syncLocked(fh *familyHealth) {
+	for nsn, inst := range fh.services {
+		if port, ok := fh.desired[nsn]; !ok || port != inst.port {
+			s.log.V(2).Info("Closing healthcheck", "ipFamily", fh.f.Name, "service", nsn, "port", inst.port)
 			s.closeInstance(nsn, inst)
-			delete(s.services, nsn)
+			delete(fh.services, nsn)
 		}
 	}
 	// Open in a fixed order so that when two Services claim one port, the same one
 	// wins at every sync.
-	names := make([]types.NamespacedName, 0, len(s.desired))
-	for nsn := range s.desired {
-		if s.services[nsn] == nil {
+	names := make([]types.NamespacedName, 0, len(fh.desired))
+	for nsn := range fh.desired {
+		if fh.services[nsn] == nil {
 			names = append(names, nsn)
 		}
 	}
@@ -139,58 +147,65 @@ func (s *ServiceHealthServer) syncLocked() {
 		return cmp.Compare(a.Name, b.Name)
 	})
 	for _, nsn := range names {
-		port := s.desired[nsn]
-		inst, err := s.open(nsn, port)
+		port := fh.desired[nsn]
+		inst, err := s.open(fh, nsn, port)
 		if err != nil {
 			// Report a failure once, and again only if it changes; retries that
 			// keep failing the same way log at V(4).
 			msg := err.Error()
-			if s.failing[nsn] == msg {
-				s.log.V(4).Info("Healthcheck still failing", "service", nsn, "port", port, "err", msg)
+			if fh.failing[nsn] == msg {
+				s.log.V(4).Info("Healthcheck still failing", "ipFamily", fh.f.Name, "service", nsn, "port", port, "err", msg)
 				continue
 			}
-			s.failing[nsn] = msg
-			s.log.Error(err, "Failed to start healthcheck; will retry at the next sync", "service", nsn, "port", port)
+			fh.failing[nsn] = msg
+			s.log.Error(err, "Failed to start healthcheck; will retry at the next sync", "ipFamily", fh.f.Name, "service", nsn, "port", port)
 			if s.cfg.OnListenError != nil {
 				s.cfg.OnListenError(nsn, port, err)
 			}
 			continue
 		}
-		if _, ok := s.failing[nsn]; ok {
-			s.log.Info("Healthcheck started after failing", "service", nsn, "port", port)
-			delete(s.failing, nsn)
+		if _, ok := fh.failing[nsn]; ok {
+			s.log.Info("Healthcheck started after failing", "ipFamily", fh.f.Name, "service", nsn, "port", port)
+			delete(fh.failing, nsn)
 		} else {
-			s.log.V(2).Info("Opened healthcheck", "service", nsn, "port", port)
+			s.log.V(2).Info("Opened healthcheck", "ipFamily", fh.f.Name, "service", nsn, "port", port)
 		}
-		s.services[nsn] = inst
+		fh.services[nsn] = inst
 	}
-	for nsn := range s.failing {
-		if _, ok := s.desired[nsn]; !ok {
-			delete(s.failing, nsn)
+	for nsn := range fh.failing {
+		if _, ok := fh.desired[nsn]; !ok {
+			delete(fh.failing, nsn)
 		}
 	}
 }
 
-// open listens on every address for nsn's port and starts serving; on any failure
-// it closes what it opened.
-func (s *ServiceHealthServer) open(nsn types.NamespacedName, port uint16) (*hcInstance, error) {
+// open listens on each of the family's addresses for nsn's port ("tcp4" or "tcp6",
+// as kube-proxy's per-family servers) and starts serving; on any failure it closes
+// what it opened. A family with no addresses to listen on opens nothing, as
+// kube-proxy's server with no matching node IP.
+func (s *ServiceHealthServer) open(fh *familyHealth, nsn types.NamespacedName, port uint16) (*hcInstance, error) {
 	if port == 0 {
 		return nil, errors.New("healthCheckNodePort 0")
 	}
-	addrs := []string{":" + strconv.Itoa(int(port))}
-	if len(s.addrs) > 0 {
-		addrs = addrs[:0]
-		for _, a := range s.addrs {
+	network := "tcp4"
+	if fh.f == family.IPv6 {
+		network = "tcp6"
+	}
+	var addrs []string
+	if fh.all {
+		addrs = []string{":" + strconv.Itoa(int(port))}
+	} else {
+		for _, a := range fh.addrs {
 			addrs = append(addrs, netip.AddrPortFrom(a, port).String())
 		}
 	}
 	inst := &hcInstance{port: port}
-	handler := hcHandler{name: nsn, s: s}
+	handler := hcHandler{name: nsn, f: fh.f, s: s}
 	for _, addr := range addrs {
-		l, err := s.cfg.Listen(context.Background(), "tcp", addr)
+		l, err := s.cfg.Listen(context.Background(), network, addr)
 		if err != nil {
 			s.closeInstance(nsn, inst)
-			return nil, fmt.Errorf("listen on %s: %w", addr, err)
+			return nil, fmt.Errorf("listen on %s %s: %w", network, addr, err)
 		}
 		srv := &http.Server{Handler: handler, ReadHeaderTimeout: readHeaderTimeout}
 		inst.servers = append(inst.servers, srv)
@@ -218,36 +233,51 @@ func (s *ServiceHealthServer) closeInstance(nsn types.NamespacedName, inst *hcIn
 }
 
 // SyncEndpoints makes newEndpoints (Service → ready local endpoints of family f)
-// the counts reported to requests that come in on an address of f; Services
-// missing from it have 0 there. The map is not retained.
+// the counts family f reports; Services missing from it have 0. The map is not
+// retained.
 func (s *ServiceHealthServer) SyncEndpoints(f *family.Family, newEndpoints map[types.NamespacedName]int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.endpoints[f] = maps.Clone(newEndpoints)
+	s.fams[f].endpoints = maps.Clone(newEndpoints)
 }
 
-// SetAddrs changes the addresses served (see ServiceHealthConfig.Addrs) and
-// reopens every Service's port on them.
-func (s *ServiceHealthServer) SetAddrs(addrs []netip.Addr) {
+// SetAddrs sets the addresses family f serves on: with all, its wildcard address
+// (0.0.0.0 or [::], the default); otherwise addrs, those of f (others are
+// ignored; none means the family opens no ports). IPv6 link-local addresses are
+// skipped: they cannot be bound without a zone. A change reopens every port of
+// the family.
+func (s *ServiceHealthServer) SetAddrs(f *family.Family, addrs []netip.Addr, all bool) {
+	var own []netip.Addr
+	if !all {
+		for _, a := range addrs {
+			if a = a.Unmap(); f.Contains(a) && !(a.Is6() && a.IsLinkLocalUnicast()) {
+				own = append(own, a)
+			}
+		}
+		slices.SortFunc(own, netip.Addr.Compare)
+		own = slices.Compact(own)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slices.Equal(addrs, s.addrs) {
+	fh := s.fams[f]
+	if fh.all == all && slices.Equal(fh.addrs, own) {
 		return
 	}
-	s.addrs = slices.Clone(addrs)
-	for nsn, inst := range s.services {
+	fh.all, fh.addrs = all, own
+	for nsn, inst := range fh.services {
 		s.closeInstance(nsn, inst)
-		delete(s.services, nsn)
+		delete(fh.services, nsn)
 	}
-	s.syncLocked()
+	s.syncLocked(fh)
 }
 
-// Listening returns the Services whose port is open, with the port.
-func (s *ServiceHealthServer) Listening() map[types.NamespacedName]uint16 {
+// Listening returns the Services whose port family f has open, with the port.
+func (s *ServiceHealthServer) Listening(f *family.Family) map[types.NamespacedName]uint16 {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := make(map[types.NamespacedName]uint16, len(s.services))
-	for nsn, inst := range s.services {
+	fh := s.fams[f]
+	out := make(map[types.NamespacedName]uint16, len(fh.services))
+	for nsn, inst := range fh.services {
 		out[nsn] = inst.port
 	}
 	return out
@@ -257,35 +287,32 @@ func (s *ServiceHealthServer) Listening() map[types.NamespacedName]uint16 {
 // opens ports again.
 func (s *ServiceHealthServer) Close() {
 	s.mu.Lock()
-	for nsn, inst := range s.services {
-		s.closeInstance(nsn, inst)
-		delete(s.services, nsn)
+	for _, fh := range s.fams {
+		for nsn, inst := range fh.services {
+			s.closeInstance(nsn, inst)
+			delete(fh.services, nsn)
+		}
+		fh.desired = nil
 	}
-	s.desired = nil
 	s.mu.Unlock()
 	s.wg.Wait()
 }
 
 type hcHandler struct {
 	name types.NamespacedName
+	f    *family.Family
 	s    *ServiceHealthServer
 }
 
 func (h hcHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	f := requestFamily(r)
 	h.s.mu.RLock()
-	_, open := h.s.services[h.name]
+	fh := h.s.fams[h.f]
 	count := 0
-	for fam, counts := range h.s.endpoints {
-		if f == nil || fam == f {
-			count += counts[h.name]
-		}
+	if _, open := fh.services[h.name]; open {
+		// (Not open: a request that raced with closing the port.)
+		count = fh.endpoints[h.name]
 	}
 	h.s.mu.RUnlock()
-	if !open {
-		// A request that raced with closing the port.
-		count = 0
-	}
 	healthy := h.s.cfg.ProxyHealthy == nil || h.s.cfg.ProxyHealthy()
 
 	w.Header().Set("Content-Type", "application/json")
@@ -299,20 +326,6 @@ func (h hcHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// kube-proxy's exact layout.
 	_, _ = fmt.Fprintf(w, "{\n\t\"service\": {\n\t\t\"namespace\": %s,\n\t\t\"name\": %s\n\t},\n\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %t\n}",
 		jsonString(h.name.Namespace), jsonString(h.name.Name), count, healthy)
-}
-
-// requestFamily is the family of the address r came in on; nil if unknown
-// (then every family's endpoints count).
-func requestFamily(r *http.Request) *family.Family {
-	a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	if !ok {
-		return nil
-	}
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
-		return nil
-	}
-	return family.Of(ap.Addr().Unmap())
 }
 
 func jsonString(s string) string {

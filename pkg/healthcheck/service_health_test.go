@@ -157,9 +157,9 @@ func TestServiceHealth(t *testing.T) {
 	defer s.Close()
 
 	a, b := nn("a"), nn("b")
-	s.SyncServices(map[types.NamespacedName]uint16{a: 30001, b: 30002})
-	if calls := fn.takeCalls(); len(calls) != 2 || !contains(calls, "tcp :30001") || !contains(calls, "tcp :30002") {
-		t.Errorf("listen calls %v; want one wildcard tcp listener per port", calls)
+	s.SyncServices(family.IPv4, map[types.NamespacedName]uint16{a: 30001, b: 30002})
+	if calls := fn.takeCalls(); len(calls) != 2 || !contains(calls, "tcp4 :30001") || !contains(calls, "tcp4 :30002") {
+		t.Errorf("listen calls %v; want one wildcard tcp4 listener per port", calls)
 	}
 	urlA, urlB := fn.url(t, ":30001"), fn.url(t, ":30002")
 
@@ -182,7 +182,7 @@ func TestServiceHealth(t *testing.T) {
 	checkHC(t, "b has 1", urlB, b, 200, 1, true)
 
 	// An unchanged Service keeps its listener; a removed one is closed.
-	s.SyncServices(map[types.NamespacedName]uint16{b: 30002})
+	s.SyncServices(family.IPv4, map[types.NamespacedName]uint16{b: 30002})
 	if calls := fn.takeCalls(); len(calls) != 0 {
 		t.Errorf("reopened %v", calls)
 	}
@@ -192,18 +192,18 @@ func TestServiceHealth(t *testing.T) {
 	checkHC(t, "a removed", urlB, b, 200, 1, true)
 
 	// A port change moves the listener.
-	s.SyncServices(map[types.NamespacedName]uint16{b: 30003})
+	s.SyncServices(family.IPv4, map[types.NamespacedName]uint16{b: 30003})
 	if r := hcGet(urlB); r.err == nil {
 		t.Errorf("b still served on its old port: %d", r.code)
 	}
 	checkHC(t, "b moved", fn.url(t, ":30003"), b, 200, 1, true)
-	if got := s.Listening(); len(got) != 1 || got[b] != 30003 {
+	if got := s.Listening(family.IPv4); len(got) != 1 || got[b] != 30003 {
 		t.Errorf("Listening = %v", got)
 	}
 
 	// Everything goes away.
-	s.SyncServices(nil)
-	if got := s.Listening(); len(got) != 0 {
+	s.SyncServices(family.IPv4, nil)
+	if got := s.Listening(family.IPv4); len(got) != 0 {
 		t.Errorf("Listening = %v after removing all", got)
 	}
 	if r := hcGet(fn.url(t, ":30003")); r.err == nil {
@@ -222,52 +222,79 @@ func contains(list []string, s string) bool {
 
 func TestServiceHealthAddrs(t *testing.T) {
 	fn := newFakeNet()
-	addrs := []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")}
-	s := NewServiceHealthServer(ServiceHealthConfig{Listen: fn.Listen, Addrs: addrs})
+	s := NewServiceHealthServer(ServiceHealthConfig{Listen: fn.Listen})
 	defer s.Close()
+	// Each family keeps its own addresses: the other family's, and IPv6
+	// link-local ones (not bindable without a zone), are ignored.
+	addrs := []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10"), netip.MustParseAddr("fe80::1")}
+	s.SetAddrs(family.IPv4, addrs, false)
+	s.SetAddrs(family.IPv6, addrs, false)
 	a := nn("a")
-	s.SyncServices(map[types.NamespacedName]uint16{a: 30001})
-	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{a: 1})
+	for _, f := range family.All {
+		s.SyncEndpoints(f, map[types.NamespacedName]int{a: 1})
+		s.SyncServices(f, map[types.NamespacedName]uint16{a: 30001})
+	}
 	calls := fn.takeCalls()
-	if len(calls) != 2 || calls[0] != "tcp 192.0.2.10:30001" || calls[1] != "tcp [2001:db8::10]:30001" {
+	if len(calls) != 2 || calls[0] != "tcp4 192.0.2.10:30001" || calls[1] != "tcp6 [2001:db8::10]:30001" {
 		t.Errorf("listen calls %v", calls)
 	}
 	checkHC(t, "v4", fn.url(t, "192.0.2.10:30001"), a, 200, 1, true)
 	checkHC(t, "v6", fn.url(t, "[2001:db8::10]:30001"), a, 200, 1, true)
 
-	// New addresses: every port reopens on them, the old ones close.
-	s.SetAddrs([]netip.Addr{netip.MustParseAddr("192.0.2.11")})
-	if calls := fn.takeCalls(); len(calls) != 1 || calls[0] != "tcp 192.0.2.11:30001" {
+	// New addresses: the family's ports reopen on them, the old ones close; the
+	// other family is untouched.
+	s.SetAddrs(family.IPv4, []netip.Addr{netip.MustParseAddr("192.0.2.11")}, false)
+	if calls := fn.takeCalls(); len(calls) != 1 || calls[0] != "tcp4 192.0.2.11:30001" {
 		t.Errorf("listen calls after SetAddrs %v", calls)
 	}
 	if r := hcGet(fn.url(t, "192.0.2.10:30001")); r.err == nil {
 		t.Error("old address still served")
 	}
 	checkHC(t, "new address", fn.url(t, "192.0.2.11:30001"), a, 200, 1, true)
+	checkHC(t, "v6 untouched", fn.url(t, "[2001:db8::10]:30001"), a, 200, 1, true)
+
+	// The same addresses again: nothing reopens.
+	s.SetAddrs(family.IPv4, []netip.Addr{netip.MustParseAddr("192.0.2.11")}, false)
+	if calls := fn.takeCalls(); len(calls) != 0 {
+		t.Errorf("unchanged addresses reopened %v", calls)
+	}
+	// Back to every address: the wildcard of the family.
+	s.SetAddrs(family.IPv6, nil, true)
+	if calls := fn.takeCalls(); len(calls) != 1 || calls[0] != "tcp6 :30001" {
+		t.Errorf("listen calls after SetAddrs(all) %v", calls)
+	}
+	// No address of the family matches: the port is open on nothing, as in
+	// kube-proxy, and not an error.
+	s.SetAddrs(family.IPv4, nil, false)
+	if calls := fn.takeCalls(); len(calls) != 0 {
+		t.Errorf("listen calls with no addresses %v", calls)
+	}
+	if r := hcGet(fn.url(t, "192.0.2.11:30001")); r.err == nil {
+		t.Error("address still served after the family lost its addresses")
+	}
 }
 
 func TestServiceHealthListenErrors(t *testing.T) {
 	fn := newFakeNet()
 	logs := &logSink{}
 	var reported []string
-	addrs := []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11")}
 	s := NewServiceHealthServer(ServiceHealthConfig{
 		Listen: fn.Listen,
-		Addrs:  addrs,
 		Logger: logs.logger(),
 		OnListenError: func(svc types.NamespacedName, port uint16, err error) {
 			reported = append(reported, fmt.Sprintf("%s:%d", svc, port))
 		},
 	})
 	defer s.Close()
+	s.SetAddrs(family.IPv4, []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11")}, false)
 	good, bad, zero := nn("good"), nn("bad"), nn("zero")
 	// The second address of bad's port fails: the first must be closed again.
 	fn.setFail("192.0.2.11:30002", errors.New("permission denied"))
 	services := map[types.NamespacedName]uint16{good: 30001, bad: 30002, zero: 0}
-	s.SyncServices(services)
+	s.SyncServices(family.IPv4, services)
 	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{good: 1, bad: 1})
 
-	if got := s.Listening(); len(got) != 1 || got[good] != 30001 {
+	if got := s.Listening(family.IPv4); len(got) != 1 || got[good] != 30001 {
 		t.Errorf("Listening = %v; want only good", got)
 	}
 	if errs := logs.take(); len(errs) != 2 {
@@ -282,21 +309,21 @@ func TestServiceHealthListenErrors(t *testing.T) {
 	checkHC(t, "good unaffected", fn.url(t, "192.0.2.10:30001"), good, 200, 1, true)
 
 	// The next sync retries; the same failure is not reported again.
-	s.SyncServices(services)
+	s.SyncServices(family.IPv4, services)
 	if errs := logs.take(); len(errs) != 0 {
 		t.Errorf("repeated failure logged again: %v", errs)
 	}
 	if len(reported) != 2 {
 		t.Errorf("repeated failure reported again: %v", reported)
 	}
-	if calls := fn.takeCalls(); !contains(calls, "tcp 192.0.2.10:30002") {
+	if calls := fn.takeCalls(); !contains(calls, "tcp4 192.0.2.10:30002") {
 		t.Errorf("no retry: %v", calls)
 	}
 
 	// Once the port is free, the retry opens it, with the counts already known.
 	fn.setFail("192.0.2.11:30002", nil)
-	s.SyncServices(services)
-	if got := s.Listening(); len(got) != 2 || got[bad] != 30002 {
+	s.SyncServices(family.IPv4, services)
+	if got := s.Listening(family.IPv4); len(got) != 2 || got[bad] != 30002 {
 		t.Errorf("Listening = %v after the port freed", got)
 	}
 	checkHC(t, "bad recovered", fn.url(t, "192.0.2.11:30002"), bad, 200, 1, true)
@@ -306,8 +333,9 @@ func TestServiceHealthListenErrors(t *testing.T) {
 func TestServiceHealthRealListeners(t *testing.T) {
 	logs := &logSink{}
 	lo := netip.MustParseAddr("127.0.0.1")
-	s := NewServiceHealthServer(ServiceHealthConfig{Addrs: []netip.Addr{lo}, Logger: logs.logger()})
+	s := NewServiceHealthServer(ServiceHealthConfig{Logger: logs.logger()})
 	defer s.Close()
+	s.SetAddrs(family.IPv4, []netip.Addr{lo}, false)
 
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
@@ -315,9 +343,9 @@ func TestServiceHealthRealListeners(t *testing.T) {
 
 	// Two Services claim one port: the first in name order wins, the other is
 	// logged and retried.
-	s.SyncServices(map[types.NamespacedName]uint16{a: port, b: port})
+	s.SyncServices(family.IPv4, map[types.NamespacedName]uint16{a: port, b: port})
 	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{a: 3, b: 1})
-	if got := s.Listening(); len(got) != 1 || got[a] != port {
+	if got := s.Listening(family.IPv4); len(got) != 1 || got[a] != port {
 		t.Errorf("Listening = %v", got)
 	}
 	if errs := logs.take(); len(errs) != 1 || !strings.Contains(errs[0], `"name"="b"`) {
@@ -326,7 +354,7 @@ func TestServiceHealthRealListeners(t *testing.T) {
 	checkHC(t, "a wins", url, a, 200, 3, true)
 
 	// a goes away: b gets the port at the same sync.
-	s.SyncServices(map[types.NamespacedName]uint16{b: port})
+	s.SyncServices(family.IPv4, map[types.NamespacedName]uint16{b: port})
 	checkHC(t, "b takes over", url, b, 200, 1, true)
 
 	// A port held by someone else.
@@ -335,13 +363,13 @@ func TestServiceHealthRealListeners(t *testing.T) {
 		t.Fatal(err)
 	}
 	heldPort := uint16(held.Addr().(*net.TCPAddr).Port)
-	s.SyncServices(map[types.NamespacedName]uint16{b: port, a: heldPort})
-	if got := s.Listening(); len(got) != 1 {
+	s.SyncServices(family.IPv4, map[types.NamespacedName]uint16{b: port, a: heldPort})
+	if got := s.Listening(family.IPv4); len(got) != 1 {
 		t.Errorf("Listening = %v with a held port", got)
 	}
 	held.Close()
-	s.SyncServices(map[types.NamespacedName]uint16{b: port, a: heldPort})
-	if got := s.Listening(); len(got) != 2 {
+	s.SyncServices(family.IPv4, map[types.NamespacedName]uint16{b: port, a: heldPort})
+	if got := s.Listening(family.IPv4); len(got) != 2 {
 		t.Errorf("Listening = %v after the port was released", got)
 	}
 	checkHC(t, "a on the released port", fmt.Sprintf("http://127.0.0.1:%d/", heldPort), a, 200, 3, true)
@@ -367,7 +395,7 @@ func TestServiceHealthConcurrent(t *testing.T) {
 	s := NewServiceHealthServer(ServiceHealthConfig{Listen: fn.Listen})
 	defer s.Close()
 	a := nn("a")
-	s.SyncServices(map[types.NamespacedName]uint16{a: 30001})
+	s.SyncServices(family.IPv4, map[types.NamespacedName]uint16{a: 30001})
 	url := fn.url(t, ":30001")
 	var wg sync.WaitGroup
 	for i := range 4 {
@@ -386,32 +414,50 @@ func TestServiceHealthConcurrent(t *testing.T) {
 	wg.Wait()
 }
 
-// TestServiceHealthPerFamily: as kube-proxy's per-family servers, a request is
-// answered with the local endpoints of the family it came in on, on real
-// listeners of both families; a family without counts answers 0 (503).
+// TestServiceHealthPerFamily: as kube-proxy's per-family servers, on real
+// listeners of both families, each family serves its own Services with its own
+// local endpoints: a dual-stack Service answers each family's count, a
+// single-stack one is refused on the other family.
 func TestServiceHealthPerFamily(t *testing.T) {
 	l, err := net.Listen("tcp", "[::1]:0")
 	if err != nil {
 		t.Skipf("no IPv6 loopback: %v", err)
 	}
-	port := uint16(l.Addr().(*net.TCPAddr).Port)
 	l.Close()
-	s := NewServiceHealthServer(ServiceHealthConfig{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}})
+	s := NewServiceHealthServer(ServiceHealthConfig{})
 	defer s.Close()
-	a := nn("a")
-	s.SyncServices(map[types.NamespacedName]uint16{a: port})
-	if got := s.Listening(); got[a] != port {
-		t.Fatalf("listening %v, want %s on %d", got, a, port)
+	for _, f := range family.All {
+		s.SetAddrs(f, []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}, false)
 	}
-	v4 := fmt.Sprintf("http://127.0.0.1:%d/", port)
-	v6 := fmt.Sprintf("http://[::1]:%d/", port)
-	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{a: 1})
-	checkHC(t, "IPv4 has 1, IPv6 none yet", v4, a, 200, 1, true)
-	checkHC(t, "IPv4 has 1, IPv6 none yet", v6, a, 503, 0, true)
-	s.SyncEndpoints(family.IPv6, map[types.NamespacedName]int{a: 3})
-	checkHC(t, "IPv4 1, IPv6 3", v4, a, 200, 1, true)
-	checkHC(t, "IPv4 1, IPv6 3", v6, a, 200, 3, true)
+	dual, v4only := nn("dual"), nn("v4only")
+	pd, p4 := freePort(t), freePort(t)
+	s.SyncServices(family.IPv4, map[types.NamespacedName]uint16{dual: pd, v4only: p4})
+	s.SyncServices(family.IPv6, map[types.NamespacedName]uint16{dual: pd})
+	if got := s.Listening(family.IPv4); len(got) != 2 || got[dual] != pd || got[v4only] != p4 {
+		t.Fatalf("IPv4 listening %v", got)
+	}
+	if got := s.Listening(family.IPv6); len(got) != 1 || got[dual] != pd {
+		t.Fatalf("IPv6 listening %v", got)
+	}
+	url := func(a string, port uint16) string { return fmt.Sprintf("http://%s/", net.JoinHostPort(a, strconv.Itoa(int(port)))) }
+	v4, v6 := url("127.0.0.1", pd), url("::1", pd)
+	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{dual: 1, v4only: 2})
+	checkHC(t, "IPv4 has 1, IPv6 none yet", v4, dual, 200, 1, true)
+	checkHC(t, "IPv4 has 1, IPv6 none yet", v6, dual, 503, 0, true)
+	checkHC(t, "single-stack on its family", url("127.0.0.1", p4), v4only, 200, 2, true)
+	if r := hcGet(url("::1", p4)); r.err == nil {
+		t.Errorf("IPv4-only Service answered %d on IPv6; want the connection refused", r.code)
+	}
+	s.SyncEndpoints(family.IPv6, map[types.NamespacedName]int{dual: 3})
+	checkHC(t, "IPv4 1, IPv6 3", v4, dual, 200, 1, true)
+	checkHC(t, "IPv4 1, IPv6 3", v6, dual, 200, 3, true)
 	s.SyncEndpoints(family.IPv4, nil)
-	checkHC(t, "IPv4 gone", v4, a, 503, 0, true)
-	checkHC(t, "IPv4 gone", v6, a, 200, 3, true)
+	checkHC(t, "IPv4 gone", v4, dual, 503, 0, true)
+	checkHC(t, "IPv4 gone", v6, dual, 200, 3, true)
+	// The Service leaves IPv6: its IPv6 port closes, IPv4's stays.
+	s.SyncServices(family.IPv6, nil)
+	if r := hcGet(v6); r.err == nil {
+		t.Errorf("IPv6 port still answers %d after the family dropped the Service", r.code)
+	}
+	checkHC(t, "IPv4 stays", v4, dual, 503, 0, true)
 }

@@ -50,9 +50,11 @@ type Config struct {
 	// --feature-gates=AllowServiceExternalIPs=false).
 	NoExternalIPs bool
 	// LocalStateChanged, if set, is called on the sync goroutine after a successful
-	// sync that may have changed what depends on local endpoints (health check node
-	// ports, no-local-endpoint counts). It may read st until it returns.
-	LocalStateChanged func(f *family.Family, st *model.State)
+	// sync that may have changed what depends on local endpoints or on the node's
+	// NodePort addresses (health check node ports, no-local-endpoint counts): every
+	// full sync, and every sync that changed a port using local endpoints or the
+	// node's config. It may read st and node until it returns.
+	LocalStateChanged func(f *family.Family, st *model.State, node *NodeConfig)
 }
 
 // Observer receives sync events; implementations must be cheap and thread-safe.
@@ -348,8 +350,8 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	p.lastNodeZone = nodeInfo.Zone
 	p.clearStaleFlows(req.Changed)
 	p.observeProgramming(changed)
-	if p.cfg.LocalStateChanged != nil && (full || p.localChanged(req.Changed)) {
-		p.cfg.LocalStateChanged(p.cfg.Family, p.state)
+	if p.cfg.LocalStateChanged != nil && (full || req.NodeChanged || p.localChanged(req.Changed)) {
+		p.cfg.LocalStateChanged(p.cfg.Family, p.state, nodeCfg)
 	}
 	klog.V(2).InfoS("Synced", "ipFamily", p.cfg.Family.Name, "full", full, "changedPorts", len(req.Changed),
 		"operations", res.Operations, "repairs", res.Repairs, "elapsed", time.Since(start))

@@ -5,10 +5,12 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -71,8 +73,16 @@ type parityFixture struct {
 	remote  *netns.NS // the pod on the remote node
 	nodeIPs map[netip.Addr]bool
 	probes  []parityProbe
-	health  []string // URLs of health check node ports, fetched from external
+	health  []healthProbe
 }
+
+// healthProbe is a GET of a health check node port.
+type healthProbe struct {
+	from *netns.NS
+	dst  netip.AddrPort
+}
+
+func (h healthProbe) String() string { return fmt.Sprintf("http://%s/ from %s", h.dst, h.from) }
 
 // testKubeProxyParity runs the real kube-proxy v1.36 as the oracle: the same
 // Services (traffic policies Local with local and remote endpoints,
@@ -85,7 +95,9 @@ type parityFixture struct {
 // and then through dsproxy in the same mode, for the iptables and nftables
 // modes. Every probe must end the same way: served by the same endpoints with
 // the same source address seen, refused, or dropped. The health check node
-// ports must answer alike (status, body, headers). DSPROXY_E2E_PARITY_LOG=1
+// ports must answer alike (status, body, headers, or a refused connection), on
+// the node IPs from outside and on loopback from the node, for dual-stack and
+// single-stack Services on both families. DSPROXY_E2E_PARITY_LOG=1
 // logs every outcome.
 func testKubeProxyParity(t *testing.T, e *env) { kubeProxyParity(t, e, "iptables", "nftables") }
 
@@ -177,8 +189,8 @@ func kubeProxyParity(t *testing.T, e *env, modes ...string) {
 		t.Logf("dsproxy %s mode: %d probes in %v", mode, len(dsOut), time.Since(start).Round(time.Millisecond))
 
 		kpOuts[mode], dsOuts[mode] = kpOut, dsOut
-		for i, what := range append(slices.Clone(x.health), "/healthz", "/livez") {
-			if a, err := netip.ParseAddrPort(strings.Trim(strings.TrimPrefix(what, "http://"), "/")); err == nil && skip[mode+familySave(a.Addr())] {
+		for i, what := range append(healthNames(x.health), "/healthz", "/livez") {
+			if i < len(x.health) && skip[mode+familySave(x.health[i].dst.Addr())] {
 				continue
 			}
 			if kpHealth[i] != dsHealth[i] {
@@ -343,6 +355,12 @@ func newParityFixture(t *testing.T, e *env) *parityFixture {
 	mk("par-web", corev1.ServiceTypeNodePort, sel("web"), nil)
 	mk("par-local", corev1.ServiceTypeLoadBalancer, sel("local"), local)
 	mk("par-remote-local", corev1.ServiceTypeLoadBalancer, sel("remote"), local)
+	// Single-stack: only the IPv4 side serves its health check node port.
+	svcs["par-local-v4"] = e.createService(t, func() *corev1.Service {
+		svc := service("par-local-v4", corev1.ServiceTypeLoadBalancer, []corev1.IPFamily{corev1.IPv4Protocol}, sel("local"), tcpHTTP)
+		local(svc)
+		return svc
+	}())
 	mk("par-itp-local", corev1.ServiceTypeClusterIP, sel("remote"), func(s *corev1.Service) {
 		p := corev1.ServiceInternalTrafficPolicyLocal
 		s.Spec.InternalTrafficPolicy = &p
@@ -492,12 +510,30 @@ func newParityFixture(t *testing.T, e *env) *parityFixture {
 			add("par-unready", "ClusterIP", e.client, cip("par-unready"))
 			add("par-pnr", "ClusterIP", e.client, cip("par-pnr"))
 		}
-		for _, name := range []string{"par-local", "par-remote-local"} {
-			hc := svcs[name].Spec.HealthCheckNodePort
-			x.health = append(x.health, fmt.Sprintf("http://%s/", netip.AddrPortFrom(nodeIP(f), uint16(hc))))
+		hc := func(name string) uint16 { return uint16(svcs[name].Spec.HealthCheckNodePort) }
+		// From outside on the node IP; the IPv4-only Service's port on IPv6 too
+		// (kube-proxy's IPv6 server has no such Service: refused).
+		for _, name := range []string{"par-local", "par-remote-local", "par-local-v4"} {
+			x.health = append(x.health, healthProbe{e.external, netip.AddrPortFrom(nodeIP(f), hc(name))})
 		}
+		// From the node on loopback: the ports listen on the --nodeport-addresses
+		// matches ("primary", the nftables mode's default: the node IP only) or
+		// every address (the other modes' default).
+		loopback := netip.MustParseAddr("127.0.0.1")
+		if f == corev1.IPv6Protocol {
+			loopback = netip.IPv6Loopback()
+		}
+		x.health = append(x.health, healthProbe{e.c.Node, netip.AddrPortFrom(loopback, hc("par-local"))})
 	}
 	return x
+}
+
+func healthNames(hs []healthProbe) []string {
+	var out []string
+	for _, h := range hs {
+		out = append(out, h.String())
+	}
+	return out
 }
 
 // waitServing waits until the proxy serves the fixture: every Service with a
@@ -603,14 +639,18 @@ func (x *parityFixture) classify(from *netns.NS, a netip.Addr) string {
 	return a.String()
 }
 
-// fetchHealth GETs every health check node port from outside and returns the
-// status line, the headers a load balancer reads, and the body.
+// fetchHealth GETs every health check node port and returns the status line, the
+// headers a load balancer reads, and the body; or curl's exit status (7: refused,
+// 28: timed out).
 func (x *parityFixture) fetchHealth(t *testing.T) []string {
 	t.Helper()
 	var res []string
-	for _, url := range x.health {
-		out, err := netns.Exec(x.e.external, "curl", "-si", "--max-time", "2", url)
-		if err != nil {
+	for _, h := range x.health {
+		out, err := netns.Exec(h.from, "curl", "-si", "--max-time", "2", fmt.Sprintf("http://%s/", h.dst))
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			res = append(res, fmt.Sprintf("curl exit status %d", ee.ExitCode()))
+			continue
+		} else if err != nil {
 			res = append(res, fmt.Sprintf("error: %v", err))
 			continue
 		}
