@@ -439,7 +439,9 @@ func TestServiceHealthPerFamily(t *testing.T) {
 	if got := s.Listening(family.IPv6); len(got) != 1 || got[dual] != pd {
 		t.Fatalf("IPv6 listening %v", got)
 	}
-	url := func(a string, port uint16) string { return fmt.Sprintf("http://%s/", net.JoinHostPort(a, strconv.Itoa(int(port)))) }
+	url := func(a string, port uint16) string {
+		return fmt.Sprintf("http://%s/", net.JoinHostPort(a, strconv.Itoa(int(port))))
+	}
 	v4, v6 := url("127.0.0.1", pd), url("::1", pd)
 	s.SyncEndpoints(family.IPv4, map[types.NamespacedName]int{dual: 1, v4only: 2})
 	checkHC(t, "IPv4 has 1, IPv6 none yet", v4, dual, 200, 1, true)
