@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -61,6 +62,7 @@ func TestProxy(t *testing.T) {
 	t.Run("FamilyPolicy", func(t *testing.T) { testFamilyPolicy(t, e) })
 	t.Run("Delete", func(t *testing.T) { testDelete(t, e) })
 	t.Run("DsproxyRestart", func(t *testing.T) { testDsproxyRestart(t, e) })
+	t.Run("BindAddressHardFail", func(t *testing.T) { testBindAddressHardFail(t, e) })
 	t.Run("ModeSwitch", func(t *testing.T) { testModeSwitch(t, e) })
 	t.Run("KubeProxyTakeover", func(t *testing.T) { testKubeProxyTakeover(t, e) })
 	t.Run("KubeProxyParity", func(t *testing.T) { testKubeProxyParity(t, e) })
@@ -459,23 +461,112 @@ func testModeSwitch(t *testing.T, e *env) {
 // testStartingEvent: as kube-proxy, dsproxy reports its start with a Starting
 // Event about its Node (events.k8s.io/v1, reporting controller dsproxy).
 func testStartingEvent(t *testing.T, e *env) {
-	deadline := time.Now().Add(15 * time.Second)
+	e.waitNodeEvent(t, "Starting", corev1.EventTypeNormal, "", 15*time.Second)
+}
+
+// waitNodeEvent waits for an Event dsproxy reported about the node with reason,
+// type and a note containing note.
+func (e *env) waitNodeEvent(t *testing.T, reason, typ, note string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for {
 		list, err := e.cp.Client.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			e.fatalf(t, "listing Events: %v", err)
 		}
 		for _, ev := range list.Items {
-			if ev.Regarding.Kind == "Node" && ev.Regarding.Name == e.node && ev.Reason == "Starting" &&
-				ev.ReportingController == "dsproxy" && ev.Type == corev1.EventTypeNormal {
+			if ev.Regarding.Kind == "Node" && ev.Regarding.Name == e.node && ev.Reason == reason &&
+				ev.ReportingController == "dsproxy" && ev.Type == typ && strings.Contains(ev.Note, note) {
 				t.Logf("Event: %s %s %s: %s", ev.Type, ev.Reason, ev.Regarding.Name, ev.Note)
 				return
 			}
 		}
 		if time.Now().After(deadline) {
-			e.fatalf(t, "no Starting Event about node %s among %d Events", e.node, len(list.Items))
+			e.fatalf(t, "no %s %s Event about node %s (note with %q) among %d Events", typ, reason, e.node, note, len(list.Items))
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// testBindAddressHardFail runs the binary as kube-proxy's --bind-address-hard-fail
+// is run: with the metrics port, then the healthz port, held by another program,
+// dsproxy must exit with an error naming the server and the address, and post
+// kube-proxy's Event for it on the Node. Without the flag it must keep serving,
+// and open the port once it is free (retrying every 5 s, as kube-proxy). The rules
+// of the stopped dsproxy serve meanwhile; the subtest ends with dsproxy running as
+// before.
+func testBindAddressHardFail(t *testing.T, e *env) {
+	hold := func(addr string) net.Listener {
+		t.Helper()
+		var l net.Listener
+		if err := netns.RunIn(e.c.Node, func() (err error) {
+			l, err = net.Listen("tcp", addr)
+			return err
+		}); err != nil {
+			e.fatalf(t, "holding %s in the node: %v", addr, err)
+		}
+		return l
+	}
+	defer func() {
+		e.mu.Lock()
+		e.args = nil
+		e.mu.Unlock()
+	}()
+	for _, c := range []struct{ server, addr, reason string }{
+		{"metrics", "127.0.0.1:10249", "FailedToStartMetricServer"},
+		{"healthz", "0.0.0.0:10256", "FailedToStartProxierHealthcheck"},
+	} {
+		if err := e.cur().stop(); err != nil {
+			e.fatalf(t, "stopping dsproxy: %v", err)
+		}
+		l := hold(c.addr)
+		e.mu.Lock()
+		e.args = []string{"--bind-address-hard-fail"}
+		e.mu.Unlock()
+		p := e.startDsproxy(t)
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			l.Close()
+			e.fatalf(t, "dsproxy --bind-address-hard-fail still runs 30 s after start with %s (%s) held", c.server, c.addr)
+		}
+		var ee *exec.ExitError
+		if !errors.As(p.err, &ee) || ee.ExitCode() == 0 {
+			e.errorf(t, "dsproxy --bind-address-hard-fail with %s held: exit %v, want a failure status", c.addr, p.err)
+		}
+		want := fmt.Sprintf("%s server on %s", c.server, c.addr)
+		if err := p.waitLog(0, want, "address already in use"); err != nil {
+			e.errorf(t, "%v", err)
+		}
+		e.waitNodeEvent(t, c.reason, corev1.EventTypeWarning, want, 15*time.Second)
+
+		// Without the flag: dsproxy serves, and the server opens once the port is free.
+		e.mu.Lock()
+		e.args = nil
+		e.mu.Unlock()
+		p = e.startDsproxy(t)
+		if err := p.waitLog(30*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`, "Server failed; retrying"); err != nil {
+			l.Close()
+			e.fatalf(t, "dsproxy with %s held: %v", c.addr, err)
+		}
+		l.Close()
+		path := "/metrics"
+		if c.server == "healthz" {
+			path = "/healthz"
+		}
+		url := "http://" + strings.Replace(c.addr, "0.0.0.0", "127.0.0.1", 1) + path
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			out, err := netns.Exec(e.c.Node, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2", url)
+			if err == nil && out == "200" {
+				break
+			}
+			if time.Now().After(deadline) {
+				e.fatalf(t, "%s not served 15 s after the port was freed: %q %v", url, out, err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		e.checkAlive(t)
 	}
 }
 
