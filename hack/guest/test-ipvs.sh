@@ -16,4 +16,4 @@ cd "$root/pkg/ipvs"
 cd "$root/pkg/app"
 "$bin/app.test" -test.count=1 -test.v -test.run '^(TestCleanupOtherModeIPVS|TestCleanupKubeProxyIPVS|TestInitOnlyIPVS)$'
 cd "$root/test/e2e"
-DSPROXY_E2E_BIN=$bin/dsproxy "$bin/e2e.test" -test.count=1 -test.v -test.run '^(TestIPVSMode|TestIPVSParity)$' -test.timeout 30m
+DSPROXY_E2E_BIN=$bin/dsproxy "$bin/e2e.test" -test.count=1 -test.v -test.run '^(TestIPVSMode|TestIPVSParity|TestIPVSTakeover)$' -test.timeout 45m

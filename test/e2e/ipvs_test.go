@@ -118,3 +118,13 @@ func TestIPVSParity(t *testing.T) {
 	e := newEnvArgs(t, []string{"--proxy-mode", "ipvs"}, "q1", "q2", "q3", "q4")
 	kubeProxyParity(t, e, "ipvs")
 }
+
+// TestIPVSTakeover is KubeProxyTakeover from kube-proxy's IPVS mode, to dsproxy's
+// IPVS mode (the connections kube-proxy's virtual servers carry keep going: the
+// same virtual and real servers are dsproxy's now) and to its nftables mode.
+// Guest kernel only (make test-ipvs).
+func TestIPVSTakeover(t *testing.T) {
+	netnstest.RequireIPVS(t)
+	e := newEnvArgs(t, []string{"--proxy-mode", "ipvs"}, "t1", "t2", "t3", "t4")
+	kubeProxyTakeover(t, e, []takeoverPath{{kp: "ipvs", ds: "ipvs"}, {kp: "ipvs", ds: "nftables", ipvsLeaves: true}})
+}

@@ -137,18 +137,10 @@ func kubeProxyParity(t *testing.T, e *env, modes ...string) {
 		// which under the guest's emulation takes minutes: wait for them. A
 		// family still without them is no oracle.
 		if mode == "ipvs" {
-			for _, save := range []string{"iptables-save", "ip6tables-save"} {
-				deadline := time.Now().Add(4 * time.Minute)
-				out, _ := netns.Exec(e.c.Node, save, "-t", "nat")
-				for !strings.Contains(out, "-A KUBE-SERVICES ") && time.Now().Before(deadline) {
-					time.Sleep(2 * time.Second)
-					out, _ = netns.Exec(e.c.Node, save, "-t", "nat")
-				}
-				if !strings.Contains(out, "-A KUBE-SERVICES ") {
-					skip[mode+save] = true
-					t.Logf("kube-proxy %s mode has no rules in %s's KUBE-SERVICES: that family is not compared; its errors:\n%s",
-						mode, save, kp.errors())
-				}
+			for _, save := range waitKubeProxyIPVSRules(e, 4*time.Minute) {
+				skip[mode+save] = true
+				t.Logf("kube-proxy %s mode has no rules in %s's KUBE-SERVICES: that family is not compared; its errors:\n%s",
+					mode, save, kp.errors())
 			}
 			if skip[mode+"iptables-save"] && skip[mode+"ip6tables-save"] {
 				kp.stop()

@@ -577,11 +577,33 @@ func testBindAddressHardFail(t *testing.T, e *env) {
 // and a NodePort, and connections kube-proxy translated keep exchanging data.
 // No connection may fail; once dsproxy has programmed both families, nothing of
 // kube-proxy is left in the kernel while the kubelet's and another program's
-// KUBE- chains stay, and dsproxy follows an endpoint change.
+// KUBE- chains stay, and dsproxy follows an endpoint change. (TestIPVSTakeover,
+// in the guest, does the same from kube-proxy's IPVS mode.)
 func testKubeProxyTakeover(t *testing.T, e *env) {
+	kubeProxyTakeover(t, e, []takeoverPath{{kp: "iptables", ds: "nftables"}, {kp: "iptables", ds: "iptables"}, {kp: "nftables", ds: "nftables"}})
+}
+
+// takeoverPath is one migration: kube-proxy in mode kp, then dsproxy in mode ds.
+type takeoverPath struct {
+	kp, ds string
+	// ipvsLeaves: the takeover removes IPVS's translation of the connections
+	// kube-proxy's virtual servers carry (dsproxy leaves IPVS mode): those
+	// connections end, and the node's own dials may lose one in flight as the
+	// ClusterIPs leave kube-ipvs0 (README: leaving IPVS mode). New connections
+	// from pods and outside must still all succeed.
+	ipvsLeaves bool
+}
+
+func kubeProxyTakeover(t *testing.T, e *env, paths []takeoverPath) {
 	sel := map[string]string{"app": "takeover"}
 	vips, targets, _ := e.trafficFixture(t, sel, corev1.ServiceTypeNodePort, "t1", "t2")
 	pods := []string{"t1", "t2"}
+	within := converge
+	for _, path := range paths {
+		if path.kp == "ipvs" || path.ds == "ipvs" {
+			within = 2 * time.Minute // the guest, under emulation
+		}
+	}
 	kubeProxyState := func() (state string) {
 		if out, _ := netns.Exec(e.c.Node, "nft", "list", "tables"); strings.Contains(out, "kube-proxy") {
 			state += " nftables table kube-proxy;"
@@ -590,6 +612,12 @@ func testKubeProxyTakeover(t *testing.T, e *env) {
 			if out, _ := netns.Exec(e.c.Node, save); strings.Contains(out, "KUBE-SERVICES") {
 				state += " " + save + " KUBE-SERVICES;"
 			}
+		}
+		if _, err := netns.Exec(e.c.Node, "ip", "link", "show", "kube-ipvs0"); err == nil {
+			state += " link kube-ipvs0;"
+		}
+		if out, _ := netns.Exec(e.c.Node, "ipset", "list", "-n"); strings.Contains(out, "KUBE-") {
+			state += " ipsets KUBE-*;"
 		}
 		return state
 	}
@@ -628,8 +656,8 @@ COMMIT
 			}
 		}
 	}
-	for i, modes := range []struct{ kp, ds string }{{"iptables", "nftables"}, {"iptables", "iptables"}, {"nftables", "nftables"}} {
-		mode := modes.kp
+	for i, path := range paths {
+		mode := path.kp
 		// Hand the node to kube-proxy alone.
 		if err := e.cur().stop(); err != nil {
 			e.fatalf(t, "stopping dsproxy: %v", err)
@@ -638,9 +666,16 @@ COMMIT
 			e.fatalf(t, "dsproxy --cleanup: %v\n%s", err, out)
 		}
 		kp := startKubeProxy(t, e, mode)
-		if _, err := waitBackends(e.c.Node, vips, pods, converge); err != nil {
+		if _, err := waitBackends(e.c.Node, vips, pods, within); err != nil {
 			kp.stop()
 			e.fatalf(t, "kube-proxy %s mode does not serve: %v\n%s", mode, err, kp.tail())
+		}
+		if mode == "ipvs" {
+			// Its virtual servers serve before its first sync has written its
+			// iptables rules (minutes under emulation): hand over a node with both.
+			if missing := waitKubeProxyIPVSRules(e, 4*time.Minute); len(missing) > 0 {
+				t.Logf("kube-proxy %s mode has no rules in %v's KUBE-SERVICES after 4 min; taking over without them; its errors:\n%s", mode, missing, kp.errors())
+			}
 		}
 		kpMetrics := metricFamilies(t, e, "127.0.0.1:10349")
 		if err := kp.stop(); err != nil {
@@ -649,7 +684,7 @@ COMMIT
 		if kubeProxyState() == "" {
 			e.fatalf(t, "kube-proxy %s mode left nothing in the kernel", mode)
 		}
-		var echoes []*echoConn
+		var echoes, ipvsEchoes []*echoConn
 		for _, vip := range vips {
 			echo := netip.AddrPortFrom(vip.Addr(), echoPort)
 			ec, err := openEcho(e.c.Node, echo)
@@ -657,50 +692,104 @@ COMMIT
 				e.fatalf(t, "long-lived connection to %s through kube-proxy's rules: %v", echo, err)
 			}
 			defer ec.c.Close()
-			echoes = append(echoes, ec)
+			if path.ipvsLeaves {
+				ipvsEchoes = append(ipvsEchoes, ec) // pinged once, after
+			} else {
+				echoes = append(echoes, ec)
+			}
 		}
-
-		pr := startProber(20*time.Millisecond, targets, echoes)
+		strict, fromNode := targets, []probeTarget(nil)
+		if path.ipvsLeaves {
+			strict = nil
+			for _, tg := range targets {
+				if tg.from == e.c.Node {
+					fromNode = append(fromNode, tg)
+				} else {
+					strict = append(strict, tg)
+				}
+			}
+		}
+		pr := startProber(20*time.Millisecond, strict, echoes)
+		var prNode *prober
+		if len(fromNode) > 0 {
+			prNode = startProber(20*time.Millisecond, fromNode, nil)
+		}
 		time.Sleep(300 * time.Millisecond)
 		e.mu.Lock()
-		e.args = []string{"--cleanup-kube-proxy", "--proxy-mode", modes.ds}
+		e.args = []string{"--cleanup-kube-proxy", "--proxy-mode", path.ds}
 		e.mu.Unlock()
 		start := time.Now()
 		p := e.startDsproxy(t)
-		if err := p.waitLog(converge, `"Removed kube-proxy's state" errors=false`); err != nil {
+		if err := p.waitLog(within, `"Removed kube-proxy's state" errors=false`); err != nil {
 			e.errorf(t, "after kube-proxy %s mode: %v", mode, err)
 		}
-		t.Logf("dsproxy in %s mode removed kube-proxy %s mode's state %v after start", modes.ds, mode, time.Since(start).Round(time.Millisecond))
+		t.Logf("dsproxy in %s mode removed kube-proxy %s mode's state %v after start", path.ds, mode, time.Since(start).Round(time.Millisecond))
 		if left := kubeProxyState(); left != "" {
 			e.errorf(t, "kube-proxy state left after dsproxy took over from its %s mode:%s", mode, left)
 		}
 		othersLeft(mode)
-		checkMetricParity(t, e, kpMetrics, metricFamilies(t, e, "127.0.0.1:10249"), modes.kp == modes.ds)
-		added := []string{"t3", "t4", "t5"}[i]
+		checkMetricParity(t, e, kpMetrics, metricFamilies(t, e, "127.0.0.1:10249"), path.kp == path.ds)
+		added := fmt.Sprintf("t%d", i+3)
 		e.addPods(t, sel, true, added)
 		pods = append(pods, added)
-		if _, err := waitBackends(e.c.Node, vips, pods, converge); err != nil {
+		if _, err := waitBackends(e.c.Node, vips, pods, within); err != nil {
 			e.errorf(t, "dsproxy after kube-proxy %s mode does not follow an endpoint change: %v", mode, err)
 		}
 		time.Sleep(300 * time.Millisecond)
 		dials, failures := pr.finish()
-		t.Logf("kube-proxy %s mode to dsproxy %s mode: %d dials, %d long-lived pings across the takeover", mode, modes.ds, dials, echoes[0].n+echoes[1].n)
-		if dials < 3*len(targets) {
+		pings := 0
+		for _, ec := range echoes {
+			pings += ec.n
+		}
+		t.Logf("kube-proxy %s mode to dsproxy %s mode: %d dials, %d long-lived pings across the takeover", mode, path.ds, dials, pings)
+		if dials < 3*len(strict) {
 			e.errorf(t, "only %d dials across the takeover; the prober did not keep up", dials)
 		}
 		if len(failures) > 0 {
 			e.errorf(t, "%d of %d connections failed while dsproxy took over from kube-proxy's %s mode:\n%s", len(failures), dials, mode, strings.Join(failures, "\n"))
+		}
+		if prNode != nil {
+			nodeDials, nodeFailures := prNode.finish()
+			t.Logf("from the node: %d dials, %d failed across the takeover:\n%s", nodeDials, len(nodeFailures), strings.Join(nodeFailures, "\n"))
+			if nodeDials < 3*len(fromNode) || len(nodeFailures) > nodeDials/10 {
+				e.errorf(t, "from the node: %d dials, %d failed across the takeover", nodeDials, len(nodeFailures))
+			}
+			if _, err := waitBackends(e.c.Node, vips, pods, within); err != nil {
+				e.errorf(t, "from the node after the takeover: %v", err)
+			}
 		}
 		for _, ec := range echoes {
 			if err := ec.ping(); err != nil {
 				e.errorf(t, "connection kube-proxy translated, after the takeover: %v", err)
 			}
 		}
+		for _, ec := range ipvsEchoes {
+			// Expected to end with IPVS's state; logged, not required.
+			t.Logf("connection kube-proxy's virtual server carried, after dsproxy left IPVS: ping error %v", ec.ping())
+		}
 	}
 	e.mu.Lock()
 	e.args = nil
 	e.mu.Unlock()
 	e.checkAlive(t)
+}
+
+// waitKubeProxyIPVSRules waits, up to within per family, until kube-proxy's IPVS
+// mode has written its iptables rules (KUBE-SERVICES in nat), and returns the
+// iptables-save commands of the families still without them.
+func waitKubeProxyIPVSRules(e *env, within time.Duration) (missing []string) {
+	for _, save := range []string{"iptables-save", "ip6tables-save"} {
+		deadline := time.Now().Add(within)
+		out, _ := netns.Exec(e.c.Node, save, "-t", "nat")
+		for !strings.Contains(out, "-A KUBE-SERVICES ") && time.Now().Before(deadline) {
+			time.Sleep(2 * time.Second)
+			out, _ = netns.Exec(e.c.Node, save, "-t", "nat")
+		}
+		if !strings.Contains(out, "-A KUBE-SERVICES ") {
+			missing = append(missing, save)
+		}
+	}
+	return missing
 }
 
 // metricFamily is one metric family on a /metrics page: its type and the
