@@ -85,8 +85,8 @@ type healthProbe struct {
 func (h healthProbe) String() string { return fmt.Sprintf("http://%s/ from %s", h.dst, h.from) }
 
 // testKubeProxyParity runs the real kube-proxy v1.36 as the oracle: the same
-// Services (traffic policies Local with local and remote endpoints,
-// trafficDistribution across zones, no endpoints, unready,
+// Services (traffic policies Local with local and remote endpoints, on
+// NodePorts, ExternalIPs and load-balancer IPs, trafficDistribution across zones, no endpoints, unready,
 // publishNotReadyAddresses and only terminating endpoints, ExternalIPs,
 // load-balancer IPs with source ranges and with ipMode Proxy, ClientIP
 // affinity, hairpin, another proxy's Service, unknown ports, unallocated
@@ -344,9 +344,21 @@ func newParityFixture(t *testing.T, e *env) *parityFixture {
 	lbProxy := map[corev1.IPFamily]netip.Addr{
 		corev1.IPv4Protocol: netip.MustParseAddr("203.0.113.42"), corev1.IPv6Protocol: netip.MustParseAddr("2001:db8:e::42"),
 	}
+	extLocal := map[corev1.IPFamily]netip.Addr{
+		corev1.IPv4Protocol: netip.MustParseAddr("203.0.113.44"), corev1.IPv6Protocol: netip.MustParseAddr("2001:db8:e::44"),
+	}
+	lbRemoteLocal := map[corev1.IPFamily]netip.Addr{
+		corev1.IPv4Protocol: netip.MustParseAddr("203.0.113.45"), corev1.IPv6Protocol: netip.MustParseAddr("2001:db8:e::45"),
+	}
 	mk("par-web", corev1.ServiceTypeNodePort, sel("web"), nil)
 	mk("par-local", corev1.ServiceTypeLoadBalancer, sel("local"), local)
 	mk("par-remote-local", corev1.ServiceTypeLoadBalancer, sel("remote"), local)
+	svcs["par-remote-local"] = e.setLoadBalancerIPs(t, "par-remote-local", lbRemoteLocal[corev1.IPv4Protocol], lbRemoteLocal[corev1.IPv6Protocol])
+	// ExternalIPs with traffic policy Local, a local and a remote endpoint.
+	mk("par-ext-local", corev1.ServiceTypeClusterIP, sel("local"), func(s *corev1.Service) {
+		local(s)
+		s.Spec.ExternalIPs = []string{extLocal[corev1.IPv4Protocol].String(), extLocal[corev1.IPv6Protocol].String()}
+	})
 	// Single-stack: only the IPv4 side serves its health check node port.
 	svcs["par-local-v4"] = e.createService(t, func() *corev1.Service {
 		svc := service("par-local-v4", corev1.ServiceTypeLoadBalancer, []corev1.IPFamily{corev1.IPv4Protocol}, sel("local"), tcpHTTP)
@@ -491,6 +503,10 @@ func newParityFixture(t *testing.T, e *env) *parityFixture {
 				add("par-lb-proxy", "LoadBalancerIP", from, netip.AddrPortFrom(lbProxy[f], svcPort))
 			}
 			add("par-lb-proxy", "LoadBalancerIP", e.c.Node, netip.AddrPortFrom(lbProxy[f], svcPort))
+			for _, from := range []*netns.NS{e.external, e.client, e.c.Node} {
+				add("par-ext-local", "ExternalIP", from, netip.AddrPortFrom(extLocal[f], svcPort))
+				add("par-remote-local", "LoadBalancerIP", from, netip.AddrPortFrom(lbRemoteLocal[f], svcPort))
+			}
 			add("par-other-proxy", "ClusterIP", e.client, cip("par-other-proxy"))
 			for _, from := range []*netns.NS{e.client, e.c.Node} {
 				add("par-close", "ClusterIP", from, cip("par-close"))
