@@ -59,14 +59,7 @@ func TestIPVSMode(t *testing.T) {
 	// New connections survive the switch to nftables mode. Connections IPVS
 	// carries do not: their translation is IPVS's state, which the switch
 	// removes (kube-proxy's switch from IPVS mode drops them too).
-	var strict, fromNode []probeTarget
-	for _, tg := range targets {
-		if tg.from == e.c.Node {
-			fromNode = append(fromNode, tg)
-		} else {
-			strict = append(strict, tg)
-		}
-	}
+	strict, fromNode := splitFrom(targets, e.c.Node)
 	pr := startProber(20*time.Millisecond, strict, nil)
 	prNode := startProber(20*time.Millisecond, fromNode, nil)
 	time.Sleep(300 * time.Millisecond)

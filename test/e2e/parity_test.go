@@ -229,10 +229,11 @@ func parityDeviation(mode string, pr parityProbe, kp, ds, kpNFT parityOutcome) s
 		// kube-proxy's IPVS mode keeps a virtual server without real servers
 		// (refused); dsproxy drops, as kube-proxy's other modes do.
 		return "internal traffic policy Local without local endpoints drops, as kube-proxy's other modes"
-	case mode == "ipvs" && pr.name == "par-remote-local NodePort from external" && settled(pr, ds) == "dropped":
-		// kube-proxy's IPVS mode forwards it to other nodes' endpoints with the
-		// client's address as source, whose replies then usually miss this
-		// node; dsproxy drops it, as kube-proxy's other modes do.
+	case mode == "ipvs" && strings.HasPrefix(pr.name, "par-remote-local ") && strings.HasSuffix(pr.name, " from external") && settled(pr, ds) == "dropped":
+		// At the NodePort and the load-balancer IP, kube-proxy's IPVS mode
+		// forwards it to other nodes' endpoints with the client's address as
+		// source, whose replies then usually miss this node; dsproxy drops it,
+		// as kube-proxy's other modes do.
 		return "outside traffic to external traffic policy Local without local endpoints drops, as kube-proxy's other modes"
 	case mode == "ipvs" && strings.HasPrefix(pr.name, "ServiceCIDR unallocated") && settled(pr, ds) == "dropped":
 		// kube-proxy's IPVS mode has no rule for these: they leave by the

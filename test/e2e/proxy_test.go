@@ -700,14 +700,7 @@ COMMIT
 		}
 		strict, fromNode := targets, []probeTarget(nil)
 		if path.ipvsLeaves {
-			strict = nil
-			for _, tg := range targets {
-				if tg.from == e.c.Node {
-					fromNode = append(fromNode, tg)
-				} else {
-					strict = append(strict, tg)
-				}
-			}
+			strict, fromNode = splitFrom(targets, e.c.Node)
 		}
 		pr := startProber(20*time.Millisecond, strict, echoes)
 		var prNode *prober
@@ -772,6 +765,19 @@ COMMIT
 	e.args = nil
 	e.mu.Unlock()
 	e.checkAlive(t)
+}
+
+// splitFrom splits targets into those dialled from elsewhere and those dialled
+// from ns.
+func splitFrom(targets []probeTarget, ns *netns.NS) (others, from []probeTarget) {
+	for _, tg := range targets {
+		if tg.from == ns {
+			from = append(from, tg)
+		} else {
+			others = append(others, tg)
+		}
+	}
+	return others, from
 }
 
 // waitKubeProxyIPVSRules waits, up to within per family, until kube-proxy's IPVS
