@@ -93,21 +93,36 @@ func (h healthProbe) String() string { return fmt.Sprintf("http://%s/ from %s", 
 // ServiceCIDR addresses, localhost NodePorts) are probed over TCP and UDP on
 // both families from the node, a pod and outside, first through kube-proxy
 // and then through dsproxy in the same mode, for the iptables and nftables
-// modes. Every probe must end the same way: served by the same endpoints with
+// modes, each also with masqueradeAll. Every probe must end the same way: served by the same endpoints with
 // the same source address seen, refused, or dropped. The health check node
 // ports must answer alike (status, body, headers, or a refused connection), on
 // the node IPs from outside and on loopback from the node, for dual-stack and
 // single-stack Services on both families. DSPROXY_E2E_PARITY_LOG=1
 // logs every outcome.
-func testKubeProxyParity(t *testing.T, e *env) { kubeProxyParity(t, e, "iptables", "nftables") }
+func testKubeProxyParity(t *testing.T, e *env) {
+	kubeProxyParity(t, e, "iptables", "nftables", "iptables+masquerade-all", "nftables+masquerade-all")
+}
 
-// kubeProxyParity compares kube-proxy and dsproxy in each of modes.
-func kubeProxyParity(t *testing.T, e *env, modes ...string) {
+// parityOptions are the settings a run may add to a mode ("nftables+masquerade-all"):
+// kube-proxy's configuration fields (v1alpha1: masqueradeAll is read from the
+// section of the mode) and dsproxy's flag for each.
+var parityOptions = map[string]struct{ config, flag string }{
+	"masquerade-all": {"iptables:\n  masqueradeAll: true\nnftables:\n  masqueradeAll: true\n", "--masquerade-all"},
+}
+
+// kubeProxyParity compares kube-proxy and dsproxy in each of runs: a mode, or a
+// mode and an option joined by "+" (parityOptions).
+func kubeProxyParity(t *testing.T, e *env, runs ...string) {
 	x := newParityFixture(t, e)
 	t.Logf("%d probes per proxy, %d health check URLs", len(x.probes), len(x.health))
 	kpOuts, dsOuts := map[string]map[string]parityOutcome{}, map[string]map[string]parityOutcome{}
-	skip := map[string]bool{} // mode + "iptables-save" or "ip6tables-save": that family is not compared
-	for _, mode := range modes {
+	skip := map[string]bool{} // run + "iptables-save" or "ip6tables-save": that family is not compared
+	for _, run := range runs {
+		mode, optName, _ := strings.Cut(run, "+")
+		opt, ok := parityOptions[optName]
+		if optName != "" && !ok {
+			t.Fatalf("unknown parity option %q", optName)
+		}
 		// kube-proxy alone.
 		if err := e.cur().stop(); err != nil {
 			e.fatalf(t, "stopping dsproxy: %v", err)
@@ -118,18 +133,24 @@ func kubeProxyParity(t *testing.T, e *env, modes ...string) {
 		if out, err := netns.Exec(e.c.Node, "conntrack", "-F"); err != nil {
 			e.fatalf(t, "conntrack -F: %v\n%s", err, out)
 		}
-		kp := startKubeProxy(t, e, mode)
+		kp := startKubeProxyConfig(t, e, mode, opt.config)
 		// In IPVS mode its IPv6 is checked below.
-		x.waitServing(t, "kube-proxy "+mode, func(a netip.Addr) bool { return mode != "ipvs" || a.Is4() })
+		x.waitServing(t, "kube-proxy "+run, func(a netip.Addr) bool { return mode != "ipvs" || a.Is4() })
 		// An unhealthy oracle makes every comparison moot.
 		if err := waitHealthy(e, "127.0.0.1:10356", time.Minute); err != nil {
 			kp.stop()
-			e.fatalf(t, "kube-proxy %s mode: %v\nits errors:\n%s", mode, err, kp.errors())
+			e.fatalf(t, "kube-proxy %s: %v\nits errors:\n%s", run, err, kp.errors())
+		}
+		// A field it does not know would be ignored (lenient decoding): the run
+		// would compare nothing.
+		if data, _ := os.ReadFile(kp.log); strings.Contains(string(data), "strict decoding failed") {
+			kp.stop()
+			e.fatalf(t, "kube-proxy %s did not take its configuration strictly:\n%s", run, kp.tail())
 		}
 		if os.Getenv("DSPROXY_E2E_PARITY_LOG") == "1" {
 			for _, cmd := range [][]string{{"iptables-save"}, {"ip6tables-save"}, {"ipset", "list", "-n"}} {
 				out, err := netns.Exec(e.c.Node, cmd[0], cmd[1:]...)
-				t.Logf("kube-proxy %s mode, %v (%v):\n%s", mode, cmd, err, out)
+				t.Logf("kube-proxy %s, %v (%v):\n%s", run, cmd, err, out)
 			}
 		}
 		// kube-proxy's IPVS mode serves through its virtual servers before
@@ -138,22 +159,22 @@ func kubeProxyParity(t *testing.T, e *env, modes ...string) {
 		// family still without them is no oracle.
 		if mode == "ipvs" {
 			for _, save := range waitKubeProxyIPVSRules(e, 4*time.Minute) {
-				skip[mode+save] = true
-				t.Logf("kube-proxy %s mode has no rules in %s's KUBE-SERVICES: that family is not compared; its errors:\n%s",
-					mode, save, kp.errors())
+				skip[run+save] = true
+				t.Logf("kube-proxy %s has no rules in %s's KUBE-SERVICES: that family is not compared; its errors:\n%s",
+					run, save, kp.errors())
 			}
-			if skip[mode+"iptables-save"] && skip[mode+"ip6tables-save"] {
+			if skip[run+"iptables-save"] && skip[run+"ip6tables-save"] {
 				kp.stop()
-				t.Skipf("kube-proxy %s mode programmed no iptables rules for either family: no oracle", mode)
+				t.Skipf("kube-proxy %s programmed no iptables rules for either family: no oracle", run)
 			}
-			if !skip[mode+"ip6tables-save"] {
-				x.waitServing(t, "kube-proxy "+mode, netip.Addr.Is6)
+			if !skip[run+"ip6tables-save"] {
+				x.waitServing(t, "kube-proxy "+run, netip.Addr.Is6)
 			}
 		}
 		kpHealth := append(x.fetchHealth(t), proxyHealth(t, e, "127.0.0.1:10356")...)
 		start := time.Now()
 		kpOut := x.run(nil)
-		t.Logf("kube-proxy %s mode: %d probes in %v", mode, len(kpOut), time.Since(start).Round(time.Millisecond))
+		t.Logf("kube-proxy %s: %d probes in %v", run, len(kpOut), time.Since(start).Round(time.Millisecond))
 		if err := kp.stop(); err != nil {
 			e.fatalf(t, "kube-proxy on SIGTERM: %v", err)
 		}
@@ -169,51 +190,71 @@ func kubeProxyParity(t *testing.T, e *env, modes ...string) {
 		}
 		e.mu.Lock()
 		e.args = []string{"--proxy-mode", mode}
+		if opt.flag != "" {
+			e.args = append(e.args, opt.flag)
+		}
 		e.mu.Unlock()
 		p := e.startDsproxy(t)
 		if err := p.waitLog(30*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`); err != nil {
-			e.fatalf(t, "dsproxy in %s mode: %v", mode, err)
+			e.fatalf(t, "dsproxy %s: %v", run, err)
 		}
-		x.waitServing(t, "dsproxy "+mode, nil)
+		x.waitServing(t, "dsproxy "+run, nil)
 		dsHealth := append(x.fetchHealth(t), proxyHealth(t, e, "127.0.0.1:10256")...)
 		start = time.Now()
 		dsOut := x.run(kpOut)
-		t.Logf("dsproxy %s mode: %d probes in %v", mode, len(dsOut), time.Since(start).Round(time.Millisecond))
+		t.Logf("dsproxy %s: %d probes in %v", run, len(dsOut), time.Since(start).Round(time.Millisecond))
 
-		kpOuts[mode], dsOuts[mode] = kpOut, dsOut
+		kpOuts[run], dsOuts[run] = kpOut, dsOut
 		for i, what := range append(healthNames(x.health), "/healthz", "/livez") {
-			if i < len(x.health) && skip[mode+familySave(x.health[i].dst.Addr())] {
+			if i < len(x.health) && skip[run+familySave(x.health[i].dst.Addr())] {
 				continue
 			}
 			if kpHealth[i] != dsHealth[i] {
-				e.errorf(t, "%s mode, health check %s:\nkube-proxy:\n%s\ndsproxy:\n%s", mode, what, kpHealth[i], dsHealth[i])
+				e.errorf(t, "%s, health check %s:\nkube-proxy:\n%s\ndsproxy:\n%s", run, what, kpHealth[i], dsHealth[i])
 			}
 		}
 	}
-	for _, mode := range modes {
+	for _, run := range runs {
+		mode, _, _ := strings.Cut(run, "+")
+		// The same run in nftables mode, for deviations "as kube-proxy's nftables mode".
+		nftRun := "nftables" + strings.TrimPrefix(run, mode)
 		same, deviations, skipped := 0, 0, 0
 		for _, pr := range x.probes {
-			if skip[mode+familySave(pr.dst.Addr())] {
+			if skip[run+familySave(pr.dst.Addr())] {
 				skipped++
 				continue
 			}
 			k := pr.key()
-			kp, ds := kpOuts[mode][k], dsOuts[mode][k]
+			kp, ds := kpOuts[run][k], dsOuts[run][k]
 			if settled(pr, kp) == settled(pr, ds) {
 				if os.Getenv("DSPROXY_E2E_PARITY_LOG") == "1" {
-					t.Logf("%s mode, %s: %s", mode, k, kp)
+					t.Logf("%s, %s: %s", run, k, kp)
 				}
 				same++
 				continue
 			}
-			if why := parityDeviation(mode, pr, kp, ds, kpOuts["nftables"][k]); why != "" {
+			if why := parityDeviation(mode, pr, kp, ds, kpOuts[nftRun][k]); why != "" {
 				deviations++
-				t.Logf("%s mode, %s: kube-proxy: %s; dsproxy: %s: %s", mode, k, kp, ds, why)
+				t.Logf("%s, %s: kube-proxy: %s; dsproxy: %s: %s", run, k, kp, ds, why)
 				continue
 			}
-			e.errorf(t, "%s mode, %s: kube-proxy: %s (%d dials); dsproxy: %s (%d dials)", mode, k, kp, kp.dials, ds, ds.dials)
+			e.errorf(t, "%s, %s: kube-proxy: %s (%d dials); dsproxy: %s (%d dials)", run, k, kp, kp.dials, ds, ds.dials)
 		}
-		t.Logf("%s mode: %d of %d probes end alike, %d differ as intended, %d not compared", mode, same, len(x.probes), deviations, skipped)
+		t.Logf("%s: %d of %d probes end alike, %d differ as intended, %d not compared", run, same, len(x.probes), deviations, skipped)
+		if base, ok := kpOuts[mode]; ok && run != mode {
+			// The option must change something in kube-proxy, or the run
+			// compared the base mode again.
+			changed := 0
+			for _, pr := range x.probes {
+				if settled(pr, base[pr.key()]) != settled(pr, kpOuts[run][pr.key()]) {
+					changed++
+				}
+			}
+			t.Logf("%s: kube-proxy's outcome differs from %s in %d probes", run, mode, changed)
+			if changed == 0 {
+				e.errorf(t, "%s: kube-proxy ended every probe as in %s: the option had no effect", run, mode)
+			}
+		}
 	}
 	e.mu.Lock()
 	e.args = nil

@@ -896,13 +896,26 @@ type kubeProxyProc struct {
 // as the node's DaemonSet would.
 func startKubeProxy(t *testing.T, e *env, mode string) *kubeProxyProc {
 	t.Helper()
+	return startKubeProxyConfig(t, e, mode, "")
+}
+
+// startKubeProxyConfig is startKubeProxy with more top-level fields of the
+// KubeProxyConfiguration (YAML lines).
+func startKubeProxyConfig(t *testing.T, e *env, mode, extra string) *kubeProxyProc {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "kube-proxy.yaml")
-	y := framework.KubeProxyConfig(e.cp.LinkKubeconfig, e.node, mode, "10.64.0.0/16,fd00:64::/56", "127.0.0.1:10349", "127.0.0.1:10356")
+	y := framework.KubeProxyConfig(e.cp.LinkKubeconfig, e.node, mode, "10.64.0.0/16,fd00:64::/56", "127.0.0.1:10349", "127.0.0.1:10356") + extra
 	if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	kp := &kubeProxyProc{log: filepath.Join(e.dir, "kube-proxy-"+mode+".log"), done: make(chan struct{})}
+	for i := 2; ; i++ { // a later run in the same mode keeps the earlier log
+		if _, err := os.Stat(kp.log); err != nil {
+			break
+		}
+		kp.log = filepath.Join(e.dir, fmt.Sprintf("kube-proxy-%s-%d.log", mode, i))
+	}
 	f, err := os.Create(kp.log)
 	if err != nil {
 		t.Fatal(err)
