@@ -103,13 +103,13 @@ func TestIPVSMode(t *testing.T) {
 	e.checkAlive(t)
 }
 
-// TestIPVSParity is KubeProxyParity for the IPVS mode: the real kube-proxy
+// TestIPVSParity is KubeProxyParity for the IPVS mode, also with masqueradeAll: the real kube-proxy
 // v1.36 in IPVS mode is the oracle for dsproxy's. Guest kernel only (make
 // test-ipvs).
 func TestIPVSParity(t *testing.T) {
 	netnstest.RequireIPVS(t)
 	e := newEnvArgs(t, []string{"--proxy-mode", "ipvs"}, "q1", "q2", "q3", "q4")
-	kubeProxyParity(t, e, "ipvs")
+	kubeProxyParity(t, e, "ipvs", "ipvs+masquerade-all")
 }
 
 // TestIPVSTakeover is KubeProxyTakeover from kube-proxy's IPVS mode, to dsproxy's
