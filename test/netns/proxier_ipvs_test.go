@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -223,4 +224,106 @@ func TestIPVSDrain(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 	}
+}
+
+// TestIPVSAdopt: a dsproxy that starts where another program's IPVS mode
+// serves the same Services (kube-proxy's: its virtual servers, their addresses
+// on its own link kube-ipvs0, none of dsproxy's ipsets members) adopts the
+// virtual servers without turning away one new connection. A client dials the
+// lowest ClusterIP of each family through the first sync, whose window between
+// an address joining the set of Service addresses and its ports joining theirs
+// is the widest (with the INPUT rules refusing the first without the second).
+func TestIPVSAdopt(t *testing.T) {
+	e := newProxyNodeMode(t, modeIPVS)
+	pods := []*NS{e.c.AddPod("pod-a"), e.c.AddPod("pod-b")}
+	client := e.c.AddPod("client")
+	for _, n := range pods {
+		n.Serve(TCP, pxPodPort)
+	}
+	const first, count = 100, 100
+	var batch strings.Builder
+	batch.WriteString("link add kube-ipvs0 type dummy\n")
+	for _, f := range family.All {
+		k := e.ipvsKernel(t, f)
+		for n := first; n < first+count; n++ {
+			key := ipvs.Key{Addr: testaddr.Svc(f, n), Proto: 6, Port: pxSvcPort}
+			if err := k.AddService(ipvs.Service{Key: key, Scheduler: "rr"}); err != nil {
+				e.fatalf(t, "kube-proxy's virtual server %s: %v", key, err)
+			}
+			for _, p := range pods {
+				if err := k.AddDest(key, ipvs.Dest{Addr: p.IP(f), Port: pxPodPort, Weight: 1}); err != nil {
+					e.fatalf(t, "kube-proxy's real server in %s: %v", key, err)
+				}
+			}
+			fmt.Fprintf(&batch, "addr add %s dev kube-ipvs0\n", netip.PrefixFrom(key.Addr, f.BitLen))
+		}
+	}
+	if out, err := ExecStdin(e.c.Node, strings.NewReader(batch.String()), "ip", "-batch", "-"); err != nil {
+		e.fatalf(t, "kube-ipvs0: %v %s", err, out)
+	}
+	for n := first; n < first+count; n++ {
+		e.apply(svcSpec{name: fmt.Sprintf("adopt-%d", n), n: n, eps: pods})
+	}
+	vips := map[*family.Family]netip.AddrPort{}
+	for _, f := range family.All {
+		vips[f] = netip.AddrPortFrom(testaddr.Svc(f, first), pxSvcPort)
+		e.expectServed(t, client, TCP, vips[f], client.IP(f), pods...)
+	}
+
+	var (
+		mu       sync.Mutex
+		failures []string
+		dials    = map[*family.Family]int{}
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	for _, f := range family.All {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := Dial(client, TCP, vips[f], time.Second)
+				mu.Lock()
+				dials[f]++
+				if err != nil {
+					failures = append(failures, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), vips[f], err))
+				}
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	for _, f := range family.All {
+		e.fam[f] = e.startProxier(f) // a dsproxy starting: its first sync is a full one
+	}
+	start := time.Now()
+	e.sync(false)
+	t.Logf("first sync of both families over %d adopted virtual servers each took %v", count, time.Since(start))
+	time.Sleep(100 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if len(failures) > 0 {
+		e.fatalf(t, "%d new connections failed while dsproxy adopted the virtual servers (dials %v):\n%s", len(failures), dials, strings.Join(failures, "\n"))
+	}
+	for _, f := range family.All {
+		if dials[f] < 10 {
+			e.fatalf(t, "%s: only %d dials across the first sync", f, dials[f])
+		}
+	}
+	t.Logf("new connections across the first sync: %v", dials)
+	// The other program's link goes (as --cleanup-kube-proxy removes it): the
+	// addresses are dsproxy's own now.
+	if out, err := Exec(e.c.Node, "ip", "link", "del", "kube-ipvs0"); err != nil {
+		e.fatalf(t, "deleting kube-ipvs0: %v %s", err, out)
+	}
+	for _, f := range family.All {
+		e.expectServed(t, client, TCP, vips[f], client.IP(f), pods...)
+	}
+	e.expectNoRepairs(t, "after the adoption")
 }

@@ -225,7 +225,10 @@ func (b *Backend) onlyReservedChanged(node *proxier.NodeConfig) bool {
 // and for the members and addresses whose presence (the map's value: present in
 // the kernel, as far as the backend knows) differs from the wanted one, in an
 // order that keeps traffic flowing: addresses and members come before the
-// virtual servers that need them and go after.
+// virtual servers that need them and go after. An address joins setIPs only
+// after its ports' members: the INPUT rules refuse new connections to a member
+// of setIPs at a port no set lets through, and the virtual servers a full sync
+// adopts (kube-proxy's, on its own link) serve them meanwhile.
 func (b *Backend) apply(res *proxier.SyncResult, vs map[ipvs.Key]bool, ms map[member]bool, as map[netip.Addr]bool) error {
 	var errs []error
 	op := func(err error) {
@@ -235,16 +238,17 @@ func (b *Backend) apply(res *proxier.SyncResult, vs map[ipvs.Key]bool, ms map[me
 		}
 	}
 	ipsSet := setName(b.f, setIPs)
-	for _, a := range sortedAddrs(as) {
-		if b.addrs[a] > 0 && !as[a] {
-			op(b.k.AddAddr(a))
-			op(b.k.AddEntry(ipsSet, ipvs.Entry{IP: a}))
-		}
+	added := slices.DeleteFunc(sortedAddrs(as), func(a netip.Addr) bool { return b.addrs[a] == 0 || as[a] })
+	for _, a := range added {
+		op(b.k.AddAddr(a))
 	}
 	for m, present := range ms {
 		if b.members[m] > 0 && !present {
 			op(b.k.AddEntry(setName(b.f, m.set), m.e))
 		}
+	}
+	for _, a := range added {
+		op(b.k.AddEntry(ipsSet, ipvs.Entry{IP: a}))
 	}
 	for k := range vs {
 		errs = append(errs, b.syncVirtual(res, k))

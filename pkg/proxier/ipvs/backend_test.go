@@ -32,6 +32,16 @@ type fakeKernel struct {
 	// conns are connection counts per real server (for draining).
 	conns map[netip.AddrPort]int
 	ops   int
+	// observe, when set, runs after every change to the kernel.
+	observe func()
+}
+
+// op counts one kernel operation; deferred, it lets observe see its outcome.
+func (k *fakeKernel) op() {
+	k.ops++
+	if k.observe != nil {
+		k.observe()
+	}
 }
 
 func newFake() *fakeKernel {
@@ -45,7 +55,7 @@ func (k *fakeKernel) Services() ([]ipvs.Service, error) {
 	return slices.Collect(maps.Values(k.svcs)), nil
 }
 func (k *fakeKernel) AddService(s ipvs.Service) error {
-	k.ops++
+	defer k.op()
 	if _, ok := k.svcs[s.Key]; ok {
 		return errExist
 	}
@@ -54,7 +64,7 @@ func (k *fakeKernel) AddService(s ipvs.Service) error {
 	return nil
 }
 func (k *fakeKernel) UpdateService(s ipvs.Service) error {
-	k.ops++
+	defer k.op()
 	if _, ok := k.svcs[s.Key]; !ok {
 		return fmt.Errorf("update: no service %s", s.Key)
 	}
@@ -62,7 +72,7 @@ func (k *fakeKernel) UpdateService(s ipvs.Service) error {
 	return nil
 }
 func (k *fakeKernel) DelService(s ipvs.Key) error {
-	k.ops++
+	defer k.op()
 	if _, ok := k.svcs[s]; !ok {
 		return fmt.Errorf("delete: no service %s", s)
 	}
@@ -82,7 +92,7 @@ func (k *fakeKernel) Dests(s ipvs.Key) ([]ipvs.Dest, error) {
 	return out, nil
 }
 func (k *fakeKernel) destOp(s ipvs.Key, d ipvs.Dest, add, del bool) error {
-	k.ops++
+	defer k.op()
 	ds, ok := k.dests[s]
 	if !ok {
 		return fmt.Errorf("no service %s", s)
@@ -111,7 +121,7 @@ func (k *fakeKernel) EnsureLink() (bool, error) {
 }
 func (k *fakeKernel) Addrs() ([]netip.Addr, error) { return slices.Collect(maps.Keys(k.addrs)), nil }
 func (k *fakeKernel) AddAddr(a netip.Addr) error {
-	k.ops++
+	defer k.op()
 	if !k.link {
 		return errors.New("no link")
 	}
@@ -119,7 +129,7 @@ func (k *fakeKernel) AddAddr(a netip.Addr) error {
 	return nil
 }
 func (k *fakeKernel) DelAddr(a netip.Addr) error {
-	k.ops++
+	defer k.op()
 	delete(k.addrs, a)
 	return nil
 }
@@ -144,7 +154,7 @@ func (k *fakeKernel) Entries(name string) ([]ipvs.Entry, bool, error) {
 	return slices.Collect(maps.Keys(s)), ok, nil
 }
 func (k *fakeKernel) AddEntry(set string, e ipvs.Entry) error {
-	k.ops++
+	defer k.op()
 	s, ok := k.sets[set]
 	if !ok {
 		return fmt.Errorf("no set %s", set)
@@ -153,7 +163,7 @@ func (k *fakeKernel) AddEntry(set string, e ipvs.Entry) error {
 	return nil
 }
 func (k *fakeKernel) DelEntry(set string, e ipvs.Entry) error {
-	k.ops++
+	defer k.op()
 	s, ok := k.sets[set]
 	if !ok {
 		return fmt.Errorf("no set %s", set)
@@ -191,6 +201,8 @@ type fakeRunner struct {
 	jumps    map[string]bool
 	// flushed makes ChainExists say no (a firewall reload).
 	flushed bool
+	// observe, when set, runs after every restore.
+	observe func()
 }
 
 func (r *fakeRunner) ChainExists(string, string) (bool, error) {
@@ -199,6 +211,9 @@ func (r *fakeRunner) ChainExists(string, string) (bool, error) {
 
 func (r *fakeRunner) Restore(_ context.Context, data []byte) error {
 	r.restored = append(r.restored, string(data))
+	if r.observe != nil {
+		r.observe()
+	}
 	return nil
 }
 func (r *fakeRunner) Save(context.Context, string) (string, error) { return "", nil }
@@ -477,6 +492,122 @@ func TestFullSyncRepairs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAdoptKeepsServing: a full sync that adopts virtual servers another
+// program made (kube-proxy's IPVS mode, its addresses on its own link and
+// none of dsproxy's ipsets or rules), or that a restarted dsproxy finds, never
+// turns away a new connection from a pod to any of them, after any single
+// kernel operation. refusal models the INPUT rules and IPVS.
+func TestAdoptKeepsServing(t *testing.T) {
+	for _, f := range family.All {
+		var ports []*model.PortState
+		for n := 10; n < 40; n++ {
+			ports = append(ports, port(f, fmt.Sprintf("s%d", n), n, 1, 2))
+		}
+		web := ports[0]
+		web.NodePort = 30010
+		web.ExternalIPs = []netip.Addr{addr(f, "203.0.113.1", "2001:db8:9::1")}
+		web.LoadBalancerVIPs = []netip.Addr{addr(f, "203.0.113.2", "2001:db8:9::2")}
+		local := ports[1]
+		local.NodePort = 30011
+		local.ExternalPolicyLocal = true
+		local.Cluster[0].Local = true
+		local.Local = local.Cluster[:1]
+		st := state(ports...)
+		nd := node(f)
+
+		want := newFake()
+		sync(t, newBackend(f, want), &proxier.SyncRequest{Full: true, State: st, Node: nd})
+		if len(want.svcs) < 30 {
+			t.Fatalf("%s: %d virtual servers", f, len(want.svcs))
+		}
+		for _, restart := range []bool{false, true} {
+			name := f.Name + " from kube-proxy"
+			if restart {
+				name = f.Name + " restart"
+			}
+			t.Run(name, func(t *testing.T) {
+				k := newFake()
+				for key, s := range want.svcs {
+					k.svcs[key] = s
+					k.dests[key] = maps.Clone(want.dests[key])
+				}
+				foreign := maps.Clone(want.addrs) // on kube-ipvs0
+				b := newBackend(f, k)
+				r := b.r.(*fakeRunner)
+				if restart {
+					k.link, k.addrs, foreign = true, maps.Clone(want.addrs), nil
+					for n, s := range want.sets {
+						k.sets[n] = maps.Clone(s)
+					}
+					r.restored = []string{"the last run's rules"}
+				}
+				first := map[ipvs.Key]string{}
+				check := func() {
+					for key := range want.svcs {
+						if _, seen := first[key]; seen {
+							continue
+						}
+						isLocal := func(a netip.Addr) bool {
+							return k.addrs[a] || foreign[a] || slices.Contains(nodePortAddrs(nd), a)
+						}
+						if why := k.refusal(f, len(r.restored) > 0, isLocal, key); why != "" {
+							first[key] = fmt.Sprintf("after kernel operation %d: %s", k.ops, why)
+						}
+					}
+				}
+				k.observe, r.observe = check, check
+				check()
+				sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: nd})
+				if len(r.restored) == 0 {
+					t.Fatal("no rules written")
+				}
+				for _, key := range slices.SortedFunc(maps.Keys(first), func(a, b ipvs.Key) int { return strings.Compare(a.String(), b.String()) }) {
+					t.Errorf("a new connection to %s refused %s", key, first[key])
+				}
+				if got, w := k.dump(), want.dump(); !slices.Equal(got, w) {
+					t.Fatalf("after the sync:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(w, "\n"))
+				}
+			})
+		}
+	}
+}
+
+// refusal says why a new TCP connection from a local pod to key would not
+// reach a real server, with the rules of ruleset in filter INPUT (if rules)
+// and the fake's ipsets and IPVS: "" when it would.
+func (k *fakeKernel) refusal(f *family.Family, rules bool, isLocal func(netip.Addr) bool, key ipvs.Key) string {
+	e := ipvs.Entry{IP: key.Addr, Proto: key.Proto, Port: key.Port}
+	in := func(s setID, e ipvs.Entry) bool { return k.sets[setName(f, s)][e] }
+	if rules {
+		switch {
+		case in(setFirewall, e):
+			return "" // no source ranges here
+		case in(setNoEndpoints, e):
+			return "rejected: no endpoints"
+		case in(setNoLocal, e):
+			return "dropped: no local endpoints"
+		case in(setClusterIP, e) || in(setExternal, e) || in(setExternalLocal, e):
+			// RETURN: on to IPVS (NO-LOCAL-EXTERNAL returns for local pods)
+		case in(setIPs, ipvs.Entry{IP: key.Addr}):
+			return "rejected: a Service address without a Service port"
+		case in(setReserved, e):
+			return "rejected: the other family's NodePort"
+		}
+	}
+	if !isLocal(key.Addr) {
+		return "not a local address"
+	}
+	if _, ok := k.svcs[key]; !ok {
+		return "no virtual server (no listener: reset)"
+	}
+	for _, d := range k.dests[key] {
+		if d.Weight > 0 {
+			return ""
+		}
+	}
+	return "no real server of weight > 0"
 }
 
 // TestExcludeCIDRs: virtual servers in the excluded ranges are never deleted.

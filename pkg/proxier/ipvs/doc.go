@@ -66,6 +66,14 @@
 // repairs, and writes the iptables ruleset. As in kube-proxy, every virtual
 // server of the family outside --ipvs-exclude-cidrs is the backend's.
 //
+// The order of the requests keeps serving what is served: an address is bound,
+// then its ports join their sets, then it joins IPS (the INPUT rules refuse a
+// new connection to a member of IPS at a port no set lets through), then the
+// virtual servers change; removals go the other way. So a first sync adopts
+// the virtual servers of kube-proxy's IPVS mode (their addresses on its own
+// link) without refusing a connection (TestAdoptKeepsServing, and
+// TestIPVSAdopt on a real kernel).
+//
 // A TCP or SCTP real server whose endpoint went while it had connections is
 // drained, as kube-proxy does: weight 0, so it gets no new connection, and deleted
 // by a later sync or periodic check once IPVS counts no connection on it.
