@@ -119,5 +119,5 @@ func TestIPVSParity(t *testing.T) {
 func TestIPVSTakeover(t *testing.T) {
 	netnstest.RequireIPVS(t)
 	e := newEnvArgs(t, []string{"--proxy-mode", "ipvs"}, "t1", "t2", "t3", "t4")
-	kubeProxyTakeover(t, e, []takeoverPath{{kp: "ipvs", ds: "ipvs", rareFailures: true}, {kp: "ipvs", ds: "nftables", ipvsLeaves: true}})
+	kubeProxyTakeover(t, e, []takeoverPath{{kp: "ipvs", ds: "ipvs"}, {kp: "ipvs", ds: "nftables", ipvsLeaves: true}})
 }
