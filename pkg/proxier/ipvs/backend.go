@@ -305,9 +305,12 @@ func (b *Backend) syncVirtual(res *proxier.SyncResult, k ipvs.Key) error {
 	return b.syncDests(res, k, want.dests, have)
 }
 
-// syncDests adds, reweights and removes real servers. A removed TCP or SCTP
-// real server with connections is drained as kube-proxy does: weight 0, so it
-// gets no new connection, and deleted once its connections are gone.
+// syncDests adds, reweights and removes real servers, removing last (as
+// kube-proxy does): when every endpoint is replaced at once, the virtual server
+// never goes without a real server, which would refuse new connections. A
+// removed TCP or SCTP real server with connections is drained as kube-proxy
+// does: weight 0, so it gets no new connection, and deleted once its
+// connections are gone.
 func (b *Backend) syncDests(res *proxier.SyncResult, k ipvs.Key, want []ipvs.Dest, have *virtual) error {
 	var errs []error
 	var counts map[netip.AddrPort]ipvs.Dest
@@ -321,6 +324,7 @@ func (b *Backend) syncDests(res *proxier.SyncResult, k ipvs.Key, want []ipvs.Des
 			out = append(out, d)
 		}
 	}
+	var gone []ipvs.Dest
 	i, j := 0, 0
 	for i < len(want) || j < len(have.dests) {
 		switch {
@@ -328,13 +332,17 @@ func (b *Backend) syncDests(res *proxier.SyncResult, k ipvs.Key, want []ipvs.Des
 			keep(b.addDest(res, k, want[i]))
 			i++
 		case i == len(want) || cmpDest(want[i], have.dests[j]) > 0:
-			keep(b.removeDest(res, k, have.dests[j], &counts))
+			gone = append(gone, have.dests[j])
 			j++
 		default:
 			keep(b.reweightDest(res, k, want[i], have.dests[j]))
 			i, j = i+1, j+1
 		}
 	}
+	for _, d := range gone {
+		keep(b.removeDest(res, k, d, &counts))
+	}
+	slices.SortFunc(out, cmpDest)
 	have.dests = out
 	return errors.Join(errs...)
 }

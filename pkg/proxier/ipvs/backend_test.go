@@ -425,8 +425,32 @@ func TestRandomPartialSyncs(t *testing.T) {
 					}
 					changed = append(changed, name)
 				}
+				// A port served before and after the sync is served after every
+				// kernel operation of it.
+				nd := node(f)
+				isLocal := func(a netip.Addr) bool { return k.addrs[a] || slices.Contains(nodePortAddrs(nd), a) }
+				servedBefore := map[ipvs.Key]bool{}
+				for key := range k.svcs {
+					servedBefore[key] = k.refusal(f, true, isLocal, key) == ""
+				}
+				refused := map[ipvs.Key]string{}
+				k.observe = func() {
+					for key, ok := range servedBefore {
+						if _, seen := refused[key]; ok && !seen {
+							if why := k.refusal(f, true, isLocal, key); why != "" {
+								refused[key] = fmt.Sprintf("after kernel operation %d: %s", k.ops, why)
+							}
+						}
+					}
+				}
 				k.ops = 0
-				sync(t, b, &proxier.SyncRequest{State: st(), Changed: changed, Node: node(f)})
+				sync(t, b, &proxier.SyncRequest{State: st(), Changed: changed, Node: nd})
+				k.observe = nil
+				for key, why := range refused {
+					if k.refusal(f, true, isLocal, key) == "" {
+						t.Fatalf("step %d (%v): a new connection to %s, served before and after the sync, refused %s", step, changed, key, why)
+					}
+				}
 				if k.ops > 60 {
 					t.Fatalf("step %d: a partial sync of %d ports made %d kernel operations", step, len(changed), k.ops)
 				}
