@@ -4,10 +4,12 @@ package netns
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,4 +150,58 @@ func testEndpointChurn(t *testing.T, mode string) {
 			e.fatalf(t, "%s after scaling back to 3: 30 connections reached only %v", f, seen)
 		}
 	}
+}
+
+// TestProxierEndpointsReplaced: when one update replaces every endpoint of a
+// Service (a rollout of a Deployment in one EndpointSlice update), new
+// connections keep being served: a client dials the ClusterIP without pause
+// through twenty replacements of six endpoints, in each family.
+func TestProxierEndpointsReplaced(t *testing.T) {
+	for _, mode := range proxyModes {
+		t.Run(mode, func(t *testing.T) { testEndpointsReplaced(t, mode) })
+	}
+}
+
+func testEndpointsReplaced(t *testing.T, mode string) {
+	e := newProxyNodeMode(t, mode)
+	var olds, news []*NS
+	for i := range 6 {
+		olds = append(olds, e.c.AddPod(fmt.Sprintf("old-%d", i)))
+	}
+	for i := range 6 {
+		news = append(news, e.c.AddPod(fmt.Sprintf("new-%d", i)))
+	}
+	client := e.c.AddPod("client")
+	for _, n := range slices.Concat(olds, news) {
+		n.Serve(TCP, pxPodPort)
+	}
+	s := svcSpec{name: "rollout", n: 40, eps: olds}
+	e.apply(s)
+	e.sync(false)
+	vips := map[*family.Family]netip.AddrPort{}
+	for _, f := range family.All {
+		vips[f] = netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort)
+	}
+	pr := startProber(client, vips, 0)
+	for i := range 20 {
+		time.Sleep(30 * time.Millisecond)
+		s.eps = news
+		if i%2 == 1 {
+			s.eps = olds
+		}
+		e.apply(s)
+		e.sync(false)
+	}
+	time.Sleep(30 * time.Millisecond)
+	dials, failures := pr.stop()
+	if len(failures) > 0 {
+		e.fatalf(t, "%d of %v new connections failed across twenty replacements of every endpoint:\n%s", len(failures), dials, strings.Join(failures, "\n"))
+	}
+	for _, f := range family.All {
+		if dials[f] < 20 {
+			e.fatalf(t, "%s: only %d dials across the replacements", f, dials[f])
+		}
+		e.expectServed(t, client, TCP, vips[f], client.IP(f), s.eps...)
+	}
+	t.Logf("new connections across twenty replacements: %v", dials)
 }

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -270,34 +269,7 @@ func TestIPVSAdopt(t *testing.T) {
 		e.expectServed(t, client, TCP, vips[f], client.IP(f), pods...)
 	}
 
-	var (
-		mu       sync.Mutex
-		failures []string
-		dials    = map[*family.Family]int{}
-		stop     = make(chan struct{})
-		wg       sync.WaitGroup
-	)
-	for _, f := range family.All {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				_, err := Dial(client, TCP, vips[f], time.Second)
-				mu.Lock()
-				dials[f]++
-				if err != nil {
-					failures = append(failures, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), vips[f], err))
-				}
-				mu.Unlock()
-				time.Sleep(time.Millisecond)
-			}
-		}()
-	}
+	pr := startProber(client, vips, time.Millisecond)
 	time.Sleep(100 * time.Millisecond)
 	for _, f := range family.All {
 		e.fam[f] = e.startProxier(f) // a dsproxy starting: its first sync is a full one
@@ -306,8 +278,7 @@ func TestIPVSAdopt(t *testing.T) {
 	e.sync(false)
 	t.Logf("first sync of both families over %d adopted virtual servers each took %v", count, time.Since(start))
 	time.Sleep(100 * time.Millisecond)
-	close(stop)
-	wg.Wait()
+	dials, failures := pr.stop()
 	if len(failures) > 0 {
 		e.fatalf(t, "%d new connections failed while dsproxy adopted the virtual servers (dials %v):\n%s", len(failures), dials, strings.Join(failures, "\n"))
 	}

@@ -47,10 +47,10 @@ func testRestartWithoutDrop(t *testing.T, mode string) {
 	var (
 		mu       sync.Mutex
 		failures []string
-		dials    = map[*family.Family]int{}
 		echoes   = map[*family.Family]int{}
 		stop     = make(chan struct{})
 		wg       sync.WaitGroup
+		vips     = map[*family.Family]netip.AddrPort{}
 	)
 	fail := func(format string, args ...any) {
 		mu.Lock()
@@ -58,30 +58,13 @@ func testRestartWithoutDrop(t *testing.T, mode string) {
 		failures = append(failures, fmt.Sprintf("%s: ", time.Now().Format("15:04:05.000"))+fmt.Sprintf(format, args...))
 	}
 	for _, f := range family.All {
-		vip := netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort)
-		conn, err := openConn(client, "tcp", netip.AddrPortFrom(vip.Addr(), echoPort))
+		vips[f] = netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort)
+		conn, err := openConn(client, "tcp", netip.AddrPortFrom(vips[f].Addr(), echoPort))
 		if err != nil {
 			e.fatalf(t, "%s long-lived connection: %v", f, err)
 		}
 		t.Cleanup(func() { conn.Close() })
-		wg.Add(2)
-		go func() { // a new connection every 20 ms
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := Dial(client, TCP, vip, time.Second); err != nil {
-					fail("%s new connection: %v", f, err)
-				}
-				mu.Lock()
-				dials[f]++
-				mu.Unlock()
-				time.Sleep(20 * time.Millisecond)
-			}
-		}()
+		wg.Add(1)
 		go func() { // the long-lived connection
 			defer wg.Done()
 			rd := bufio.NewReader(conn)
@@ -109,6 +92,7 @@ func testRestartWithoutDrop(t *testing.T, mode string) {
 			}
 		}()
 	}
+	pr := startProber(client, vips, 20*time.Millisecond) // a new connection every 20 ms
 
 	time.Sleep(300 * time.Millisecond)
 	before := map[*family.Family]string{}
@@ -124,11 +108,13 @@ func testRestartWithoutDrop(t *testing.T, mode string) {
 	e.sync(false)
 	t.Logf("restart sync of both families took %v", time.Since(restart))
 	time.Sleep(300 * time.Millisecond)
+	dials, dialFailures := pr.stop()
 	close(stop)
 	wg.Wait()
 
 	mu.Lock()
 	defer mu.Unlock()
+	failures = append(failures, dialFailures...)
 	if len(failures) > 0 {
 		e.fatalf(t, "%d failures across the restart:\n%s", len(failures), strings.Join(failures, "\n"))
 	}

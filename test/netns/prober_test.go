@@ -1,0 +1,57 @@
+//go:build netns
+
+package netns
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
+)
+
+// prober opens new TCP connections from one namespace to one address per
+// family, over and over, until stopped: what a client of a Service sees while
+// the proxy changes under it.
+type prober struct {
+	mu       sync.Mutex
+	failures []string
+	dials    map[*family.Family]int
+	stopc    chan struct{}
+	wg       sync.WaitGroup
+}
+
+// startProber dials each of dsts from from, pausing between dials.
+func startProber(from *NS, dsts map[*family.Family]netip.AddrPort, pause time.Duration) *prober {
+	p := &prober{dials: map[*family.Family]int{}, stopc: make(chan struct{})}
+	for f, dst := range dsts {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for {
+				select {
+				case <-p.stopc:
+					return
+				default:
+				}
+				_, err := Dial(from, TCP, dst, time.Second)
+				p.mu.Lock()
+				p.dials[f]++
+				if err != nil {
+					p.failures = append(p.failures, fmt.Sprintf("%s %s new connection to %s: %v", time.Now().Format("15:04:05.000"), f, dst, err))
+				}
+				p.mu.Unlock()
+				time.Sleep(pause)
+			}
+		}()
+	}
+	return p
+}
+
+// stop ends the dials and returns their count per family and the failures.
+func (p *prober) stop() (map[*family.Family]int, []string) {
+	close(p.stopc)
+	p.wg.Wait()
+	return p.dials, p.failures
+}
