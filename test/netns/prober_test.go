@@ -5,7 +5,9 @@ package netns
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/dsproxy/dsproxy/pkg/family"
@@ -54,4 +56,20 @@ func (p *prober) stop() (map[*family.Family]int, []string) {
 	close(p.stopc)
 	p.wg.Wait()
 	return p.dials, p.failures
+}
+
+// check stops the dials and fails the test if any failed, or if a family had
+// fewer than minDials across what the test did (across, for the messages).
+func (p *prober) check(t *testing.T, e *proxyNode, across string, minDials int) {
+	t.Helper()
+	dials, failures := p.stop()
+	if len(failures) > 0 {
+		e.fatalf(t, "%d of %v new connections failed across %s:\n%s", len(failures), dials, across, strings.Join(failures, "\n"))
+	}
+	for _, f := range family.All {
+		if dials[f] < minDials {
+			e.fatalf(t, "%s: only %d new connections across %s", f, dials[f], across)
+		}
+	}
+	t.Logf("new connections across %s: %v", across, dials)
 }

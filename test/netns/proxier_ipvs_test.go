@@ -278,16 +278,7 @@ func TestIPVSAdopt(t *testing.T) {
 	e.sync(false)
 	t.Logf("first sync of both families over %d adopted virtual servers each took %v", count, time.Since(start))
 	time.Sleep(100 * time.Millisecond)
-	dials, failures := pr.stop()
-	if len(failures) > 0 {
-		e.fatalf(t, "%d new connections failed while dsproxy adopted the virtual servers (dials %v):\n%s", len(failures), dials, strings.Join(failures, "\n"))
-	}
-	for _, f := range family.All {
-		if dials[f] < 10 {
-			e.fatalf(t, "%s: only %d dials across the first sync", f, dials[f])
-		}
-	}
-	t.Logf("new connections across the first sync: %v", dials)
+	pr.check(t, e, "the first sync, adopting the virtual servers", 10)
 	// The other program's link goes (as --cleanup-kube-proxy removes it): the
 	// addresses are dsproxy's own now.
 	if out, err := Exec(e.c.Node, "ip", "link", "del", "kube-ipvs0"); err != nil {

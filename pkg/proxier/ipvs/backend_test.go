@@ -568,13 +568,13 @@ func TestAdoptKeepsServing(t *testing.T) {
 					r.restored = []string{"the last run's rules"}
 				}
 				first := map[ipvs.Key]string{}
+				isLocal := func(a netip.Addr) bool {
+					return k.addrs[a] || foreign[a] || slices.Contains(nodePortAddrs(nd), a)
+				}
 				check := func() {
 					for key := range want.svcs {
 						if _, seen := first[key]; seen {
 							continue
-						}
-						isLocal := func(a netip.Addr) bool {
-							return k.addrs[a] || foreign[a] || slices.Contains(nodePortAddrs(nd), a)
 						}
 						if why := k.refusal(f, len(r.restored) > 0, isLocal, key); why != "" {
 							first[key] = fmt.Sprintf("after kernel operation %d: %s", k.ops, why)
