@@ -308,12 +308,9 @@ func (b *Backend) syncVirtual(res *proxier.SyncResult, k ipvs.Key) error {
 // syncDests adds, reweights and removes real servers, removing last (as
 // kube-proxy does): when every endpoint is replaced at once, the virtual server
 // never goes without a real server, which would refuse new connections. A
-// removed TCP or SCTP real server with connections is drained as kube-proxy
-// does: weight 0, so it gets no new connection, and deleted once its
-// connections are gone.
+// removed TCP or SCTP real server is drained (see removeDest).
 func (b *Backend) syncDests(res *proxier.SyncResult, k ipvs.Key, want []ipvs.Dest, have *virtual) error {
 	var errs []error
-	var counts map[netip.AddrPort]ipvs.Dest
 	out := make([]ipvs.Dest, 0, len(want))
 	// keep records what the kernel holds after one step (nothing: a zero Dest).
 	keep := func(d ipvs.Dest, err error) {
@@ -340,7 +337,7 @@ func (b *Backend) syncDests(res *proxier.SyncResult, k ipvs.Key, want []ipvs.Des
 		}
 	}
 	for _, d := range gone {
-		keep(b.removeDest(res, k, d, &counts))
+		keep(b.removeDest(res, k, d))
 	}
 	slices.SortFunc(out, cmpDest)
 	have.dests = out
@@ -374,37 +371,38 @@ func (b *Backend) reweightDest(res *proxier.SyncResult, k ipvs.Key, want, have i
 	return want, nil
 }
 
-// removeDest deletes real server d from k, or drains it (weight 0) when it is not
-// UDP and has connections; counts are the kernel's connection counts of k's real
-// servers, read on the first need.
-func (b *Backend) removeDest(res *proxier.SyncResult, k ipvs.Key, d ipvs.Dest, counts *map[netip.AddrPort]ipvs.Dest) (ipvs.Dest, error) {
+// removeDest deletes UDP real server d from k; a TCP or SCTP one it drains:
+// weight 0, so IPVS schedules no new connection to it, and pruneDrained deletes it
+// once a count read after that shows no connection. Deleting on a count read
+// while the real server could still be scheduled would lose a connection
+// scheduled between the read and the delete (its next packet dropped, as
+// expire_nodest_conn wants, then reset by the node), and one at weight 0 already
+// (drained by an earlier process, or by kube-proxy) may still have connections.
+func (b *Backend) removeDest(res *proxier.SyncResult, k ipvs.Key, d ipvs.Dest) (ipvs.Dest, error) {
 	key := ipvs.Dest{Addr: d.Addr, Port: d.Port}
 	if b.draining[k][key] {
 		return d, nil // pruneDrained deletes it
 	}
-	if k.Proto != unix.IPPROTO_UDP && d.Weight != 0 {
-		if *counts == nil {
-			*counts = b.destCounts(k)
+	if k.Proto == unix.IPPROTO_UDP {
+		res.Operations++
+		if err := b.k.DelDest(k, d); err != nil {
+			return d, err
 		}
-		if c := (*counts)[netip.AddrPortFrom(d.Addr, d.Port)]; c.Active+c.Inactive > 0 {
-			res.Operations++
-			drained := d
-			drained.Weight = 0
-			if err := b.k.UpdateDest(k, drained); err != nil {
-				return d, err
-			}
-			if b.draining[k] == nil {
-				b.draining[k] = map[ipvs.Dest]bool{}
-			}
-			b.draining[k][key] = true
-			return drained, nil
+		return ipvs.Dest{}, nil
+	}
+	drained := d
+	if d.Weight != 0 {
+		res.Operations++
+		drained.Weight = 0
+		if err := b.k.UpdateDest(k, drained); err != nil {
+			return d, err
 		}
 	}
-	res.Operations++
-	if err := b.k.DelDest(k, d); err != nil {
-		return d, err
+	if b.draining[k] == nil {
+		b.draining[k] = map[ipvs.Dest]bool{}
 	}
-	return ipvs.Dest{}, nil
+	b.draining[k][key] = true
+	return drained, nil
 }
 
 func (b *Backend) undrain(k ipvs.Key, d ipvs.Dest) {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/dsproxy/dsproxy/internal/porttest"
@@ -31,6 +32,12 @@ type fakeKernel struct {
 	sets  map[string]map[ipvs.Entry]bool
 	// conns are connection counts per real server (for draining).
 	conns map[netip.AddrPort]int
+	// quiet holds the real servers whose connection counts were read while they
+	// were at weight 0 (no connection can have come since); lost records TCP or
+	// SCTP real servers deleted otherwise: a connection scheduled after the
+	// deleter read the counts (or one it never read) would be lost.
+	quiet map[ipvs.Key]map[netip.AddrPort]bool
+	lost  []string
 	ops   int
 	// observe, when set, runs after every change to the kernel.
 	observe func()
@@ -46,7 +53,8 @@ func (k *fakeKernel) op() {
 
 func newFake() *fakeKernel {
 	return &fakeKernel{svcs: map[ipvs.Key]ipvs.Service{}, dests: map[ipvs.Key]map[netip.AddrPort]ipvs.Dest{},
-		addrs: map[netip.Addr]bool{}, sets: map[string]map[ipvs.Entry]bool{}, conns: map[netip.AddrPort]int{}}
+		addrs: map[netip.Addr]bool{}, sets: map[string]map[ipvs.Entry]bool{}, conns: map[netip.AddrPort]int{},
+		quiet: map[ipvs.Key]map[netip.AddrPort]bool{}}
 }
 
 var errExist = errors.New("file exists")
@@ -78,6 +86,7 @@ func (k *fakeKernel) DelService(s ipvs.Key) error {
 	}
 	delete(k.svcs, s)
 	delete(k.dests, s)
+	delete(k.quiet, s)
 	return nil
 }
 func (k *fakeKernel) Dests(s ipvs.Key) ([]ipvs.Dest, error) {
@@ -88,6 +97,12 @@ func (k *fakeKernel) Dests(s ipvs.Key) ([]ipvs.Dest, error) {
 	for ap, d := range k.dests[s] {
 		d.Active = k.conns[ap]
 		out = append(out, d)
+		if d.Weight == 0 {
+			if k.quiet[s] == nil {
+				k.quiet[s] = map[netip.AddrPort]bool{}
+			}
+			k.quiet[s][ap] = true
+		}
 	}
 	return out, nil
 }
@@ -105,9 +120,16 @@ func (k *fakeKernel) destOp(s ipvs.Key, d ipvs.Dest, add, del bool) error {
 	case !add && !have:
 		return fmt.Errorf("no real server %s in %s", ap, s)
 	case del:
+		if s.Proto != unix.IPPROTO_UDP && !k.quiet[s][ap] {
+			k.lost = append(k.lost, fmt.Sprintf("%s in %s", ap, s))
+		}
 		delete(ds, ap)
+		delete(k.quiet[s], ap)
 	default:
 		ds[ap] = ipvs.Dest{Addr: d.Addr, Port: d.Port, Weight: d.Weight}
+		if d.Weight != 0 {
+			delete(k.quiet[s], ap)
+		}
 	}
 	return nil
 }
@@ -446,6 +468,9 @@ func TestRandomPartialSyncs(t *testing.T) {
 				k.ops = 0
 				sync(t, b, &proxier.SyncRequest{State: st(), Changed: changed, Node: nd})
 				k.observe = nil
+				if len(k.lost) > 0 {
+					t.Fatalf("step %d (%v): real servers deleted on no count read at weight 0 (a connection scheduled meanwhile would be lost): %v", step, changed, k.lost)
+				}
 				for key, why := range refused {
 					if k.refusal(f, true, isLocal, key) == "" {
 						t.Fatalf("step %d (%v): a new connection to %s, served before and after the sync, refused %s", step, changed, key, why)
@@ -659,8 +684,10 @@ func TestExcludeCIDRs(t *testing.T) {
 	}
 }
 
-// TestDrain: a removed real server with connections stays at weight 0 until
-// they end; a check (Flushed) then deletes it.
+// TestDrain: a removed TCP real server goes to weight 0 and is deleted only on
+// connection counts read after that: one with connections stays until they end
+// (a check, Flushed, then deletes it), one without goes in the same sync, and
+// one a new process finds at weight 0 is drained too.
 func TestDrain(t *testing.T) {
 	f := family.IPv4
 	k := newFake()
@@ -690,6 +717,30 @@ func TestDrain(t *testing.T) {
 	b.Flushed(context.Background())
 	if _, ok := k.dests[vs][gone]; ok {
 		t.Fatal("drained real server without connections not deleted by the check")
+	}
+	if len(k.lost) > 0 {
+		t.Fatalf("real servers deleted on no count read at weight 0: %v", k.lost)
+	}
+	// One without connections is deleted by the sync that drains it, on counts
+	// read after its weight went to 0.
+	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10, 1, 2)), Changed: []model.ServicePortName{name}, Node: node(f)})
+	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10, 2)), Changed: []model.ServicePortName{name}, Node: node(f)})
+	if _, ok := k.dests[vs][gone]; ok || len(k.lost) > 0 {
+		t.Fatalf("removed real server without connections: present %v, deleted on no count read at weight 0: %v", ok, k.lost)
+	}
+	// One at weight 0 already (an earlier process's, or kube-proxy's, drain)
+	// is kept while it has connections: a new process adopts the drain.
+	_ = k.AddDest(vs, ipvs.Dest{Addr: gone.Addr(), Port: gone.Port(), Weight: 0})
+	k.conns[gone] = 2
+	b = newBackend(f, k)
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 2)), Node: node(f)})
+	if _, ok := k.dests[vs][gone]; !ok {
+		t.Fatal("a new process deleted a drained real server with connections")
+	}
+	k.conns[gone] = 0
+	b.Flushed(context.Background())
+	if _, ok := k.dests[vs][gone]; ok || len(k.lost) > 0 {
+		t.Fatalf("adopted drained real server without connections: present %v, deleted on no count read at weight 0: %v", ok, k.lost)
 	}
 	// UDP real servers are not drained.
 	udp := port(f, "dns", 11, 1, 2)

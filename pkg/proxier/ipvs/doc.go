@@ -74,7 +74,10 @@
 // link) without refusing a connection (TestAdoptKeepsServing, and
 // TestIPVSAdopt on a real kernel).
 //
-// A TCP or SCTP real server whose endpoint went while it had connections is
-// drained, as kube-proxy does: weight 0, so it gets no new connection, and deleted
-// by a later sync or periodic check once IPVS counts no connection on it.
+// A TCP or SCTP real server whose endpoint went is drained, as kube-proxy
+// drains one with connections: weight 0, so it gets no new connection, and
+// deleted once IPVS counts no connection on it, by the same sync (its counts
+// are read after the weight change), a later one or a periodic check. Unlike
+// kube-proxy it is drained even when the counts show none: a connection
+// scheduled between reading them and deleting it would be lost.
 package ipvs
