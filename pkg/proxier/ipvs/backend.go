@@ -417,6 +417,7 @@ func (b *Backend) undrain(k ipvs.Key, d ipvs.Dest) {
 func (b *Backend) destCounts(k ipvs.Key) map[netip.AddrPort]ipvs.Dest {
 	ds, err := b.k.Dests(k)
 	if err != nil {
+		klog.V(2).ErrorS(err, "Reading IPVS real servers' connection counts", "ipFamily", b.f.Name, "service", k.String())
 		return nil
 	}
 	out := make(map[netip.AddrPort]ipvs.Dest, len(ds))
@@ -426,10 +427,15 @@ func (b *Backend) destCounts(k ipvs.Key) map[netip.AddrPort]ipvs.Dest {
 	return out
 }
 
-// pruneDrained deletes drained real servers that have no connection left.
+// pruneDrained deletes drained real servers that have no connection left. When
+// the counts cannot be read it keeps them for the next try (a full sync, which
+// reads the kernel, forgets one that is gone).
 func (b *Backend) pruneDrained(res *proxier.SyncResult) {
 	for k, ds := range b.draining {
 		counts := b.destCounts(k)
+		if counts == nil {
+			continue
+		}
 		for d := range ds {
 			c, ok := counts[netip.AddrPortFrom(d.Addr, d.Port)]
 			if ok && c.Active+c.Inactive > 0 {

@@ -38,7 +38,9 @@ type fakeKernel struct {
 	// deleter read the counts (or one it never read) would be lost.
 	quiet map[ipvs.Key]map[netip.AddrPort]bool
 	lost  []string
-	ops   int
+	// destsErr, when set, fails every read of real servers.
+	destsErr error
+	ops      int
 	// observe, when set, runs after every change to the kernel.
 	observe func()
 }
@@ -90,6 +92,9 @@ func (k *fakeKernel) DelService(s ipvs.Key) error {
 	return nil
 }
 func (k *fakeKernel) Dests(s ipvs.Key) ([]ipvs.Dest, error) {
+	if k.destsErr != nil {
+		return nil, k.destsErr
+	}
 	if _, ok := k.svcs[s]; !ok {
 		return nil, fmt.Errorf("dests: no service %s", s)
 	}
@@ -714,6 +719,13 @@ func TestDrain(t *testing.T) {
 		t.Fatal("full sync deleted a draining real server")
 	}
 	k.conns[gone] = 0
+	// A check that cannot read the counts keeps the drain for the next one.
+	k.destsErr = errors.New("netlink: interrupted")
+	b.Flushed(context.Background())
+	k.destsErr = nil
+	if _, ok := k.dests[vs][gone]; !ok {
+		t.Fatal("drained real server deleted without a count read")
+	}
 	b.Flushed(context.Background())
 	if _, ok := k.dests[vs][gone]; ok {
 		t.Fatal("drained real server without connections not deleted by the check")
