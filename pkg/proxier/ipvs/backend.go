@@ -308,7 +308,7 @@ func (b *Backend) syncVirtual(res *proxier.SyncResult, k ipvs.Key) error {
 // syncDests adds, reweights and removes real servers, removing last (as
 // kube-proxy does): when every endpoint is replaced at once, the virtual server
 // never goes without a real server, which would refuse new connections. A
-// removed TCP or SCTP real server is drained (see removeDest).
+// removed TCP real server is drained (see removeDest).
 func (b *Backend) syncDests(res *proxier.SyncResult, k ipvs.Key, want []ipvs.Dest, have *virtual) error {
 	var errs []error
 	out := make([]ipvs.Dest, 0, len(want))
@@ -371,19 +371,22 @@ func (b *Backend) reweightDest(res *proxier.SyncResult, k ipvs.Key, want, have i
 	return want, nil
 }
 
-// removeDest deletes UDP real server d from k; a TCP or SCTP one it drains:
-// weight 0, so IPVS schedules no new connection to it, and pruneDrained deletes it
-// once a count read after that shows no connection. Deleting on a count read
-// while the real server could still be scheduled would lose a connection
-// scheduled between the read and the delete (its next packet dropped, as
-// expire_nodest_conn wants, then reset by the node), and one at weight 0 already
-// (drained by an earlier process, or by kube-proxy) may still have connections.
+// removeDest deletes a UDP or SCTP real server d from k at once, as kube-proxy
+// does: expire_nodest_conn ends its flows on their next packet, as the other
+// modes' conntrack cleanup ends theirs, and the client's next datagram or new
+// association goes to another endpoint. A TCP one it drains: weight 0, so IPVS
+// schedules no new connection to it, and pruneDrained deletes it once a count
+// read after that shows no connection. Deleting on a count read while the real
+// server could still be scheduled would lose a connection scheduled between the
+// read and the delete (its next packet dropped, then reset by the node), and one
+// at weight 0 already (drained by an earlier process, or by kube-proxy) may
+// still have connections.
 func (b *Backend) removeDest(res *proxier.SyncResult, k ipvs.Key, d ipvs.Dest) (ipvs.Dest, error) {
 	key := ipvs.Dest{Addr: d.Addr, Port: d.Port}
 	if b.draining[k][key] {
 		return d, nil // pruneDrained deletes it
 	}
-	if k.Proto == unix.IPPROTO_UDP {
+	if k.Proto != unix.IPPROTO_TCP {
 		res.Operations++
 		if err := b.k.DelDest(k, d); err != nil {
 			return d, err

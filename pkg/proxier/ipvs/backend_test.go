@@ -33,9 +33,9 @@ type fakeKernel struct {
 	// conns are connection counts per real server (for draining).
 	conns map[netip.AddrPort]int
 	// quiet holds the real servers whose connection counts were read while they
-	// were at weight 0 (no connection can have come since); lost records TCP or
-	// SCTP real servers deleted otherwise: a connection scheduled after the
-	// deleter read the counts (or one it never read) would be lost.
+	// were at weight 0 (no connection can have come since); lost records TCP
+	// real servers deleted otherwise: a connection scheduled after the deleter
+	// read the counts (or one it never read) would be lost.
 	quiet map[ipvs.Key]map[netip.AddrPort]bool
 	lost  []string
 	// destsErr, when set, fails every read of real servers.
@@ -125,7 +125,7 @@ func (k *fakeKernel) destOp(s ipvs.Key, d ipvs.Dest, add, del bool) error {
 	case !add && !have:
 		return fmt.Errorf("no real server %s in %s", ap, s)
 	case del:
-		if s.Proto != unix.IPPROTO_UDP && !k.quiet[s][ap] {
+		if s.Proto == unix.IPPROTO_TCP && !k.quiet[s][ap] {
 			k.lost = append(k.lost, fmt.Sprintf("%s in %s", ap, s))
 		}
 		delete(ds, ap)
@@ -754,16 +754,22 @@ func TestDrain(t *testing.T) {
 	if _, ok := k.dests[vs][gone]; ok || len(k.lost) > 0 {
 		t.Fatalf("adopted drained real server without connections: present %v, deleted on no count read at weight 0: %v", ok, k.lost)
 	}
-	// UDP real servers are not drained.
-	udp := port(f, "dns", 11, 1, 2)
-	udp.Protocol = v1.ProtocolUDP
+	// UDP and SCTP real servers are not drained, as in kube-proxy.
 	k.conns[gone] = 3
-	sync(t, b, &proxier.SyncRequest{Full: true, State: state(udp), Node: node(f)})
-	udp2 := port(f, "dns", 11, 2)
-	udp2.Protocol = v1.ProtocolUDP
-	sync(t, b, &proxier.SyncRequest{State: state(udp2), Changed: []model.ServicePortName{udp.Name}, Node: node(f)})
-	if _, ok := k.dests[ipvs.Key{Addr: udp.ClusterIP, Proto: 17, Port: 80}][gone]; ok {
-		t.Fatal("UDP real server drained, want deleted")
+	for _, proto := range []v1.Protocol{v1.ProtocolUDP, v1.ProtocolSCTP} {
+		p := port(f, "dns", 11, 1, 2)
+		p.Protocol = proto
+		sync(t, b, &proxier.SyncRequest{Full: true, State: state(p), Node: node(f)})
+		p2 := port(f, "dns", 11, 2)
+		p2.Protocol = proto
+		sync(t, b, &proxier.SyncRequest{State: state(p2), Changed: []model.ServicePortName{p.Name}, Node: node(f)})
+		vs := ipvs.Key{Addr: p.ClusterIP, Proto: model.ProtoNumber(proto), Port: 80}
+		if _, ok := k.svcs[vs]; !ok {
+			t.Fatalf("%s: no virtual server %s", proto, vs)
+		}
+		if _, ok := k.dests[vs][gone]; ok {
+			t.Fatalf("%s real server with connections drained, want deleted", proto)
+		}
 	}
 }
 

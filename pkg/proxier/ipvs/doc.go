@@ -74,10 +74,13 @@
 // link) without refusing a connection (TestAdoptKeepsServing, and
 // TestIPVSAdopt on a real kernel).
 //
-// A TCP or SCTP real server whose endpoint went is drained, as kube-proxy
-// drains one with connections: weight 0, so it gets no new connection, and
-// deleted once IPVS counts no connection on it, by the same sync (its counts
-// are read after the weight change), a later one or a periodic check. Unlike
-// kube-proxy it is drained even when the counts show none: a connection
-// scheduled between reading them and deleting it would be lost.
+// A TCP real server whose endpoint went is drained, as kube-proxy drains one
+// with connections: weight 0, so it gets no new connection, and deleted once
+// IPVS counts no connection on it, by the same sync (its counts are read after
+// the weight change), a later one or a periodic check. Unlike kube-proxy it is
+// drained even when the counts show none: a connection scheduled between
+// reading them and deleting it would be lost. UDP and SCTP real servers are
+// deleted at once, as in kube-proxy, and as the other modes delete their
+// conntrack flows: expire_nodest_conn ends a flow on its next packet, and the
+// client's next datagram or new association goes to another endpoint.
 package ipvs
