@@ -150,13 +150,16 @@ func TestIPVSRepairAndCleanup(t *testing.T) {
 
 // TestIPVSDrain: when an endpoint goes, its real server keeps its open TCP
 // connections at weight 0 while new connections go to the others; once they
-// end, a periodic check deletes it.
+// end, a periodic check deletes it. Its UDP and SCTP real servers go at once,
+// flows or not, as in kube-proxy.
 func TestIPVSDrain(t *testing.T) {
 	e := newProxyNodeMode(t, modeIPVS)
 	a, b := e.c.AddPod("pod-a"), e.c.AddPod("pod-b")
 	client := e.c.AddPod("client")
 	for _, n := range []*NS{a, b} {
 		n.Serve(TCP, pxPodPort)
+		n.Serve(UDP, pxPodPort)
+		n.Serve(SCTP, pxPodPort)
 	}
 	serveEcho(t, echoPort, a, b)
 	s := svcSpec{name: "drain", n: 32, eps: []*NS{a}, extraPorts: []int32{echoPort}}
@@ -171,9 +174,50 @@ func TestIPVSDrain(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		conns[f] = c
 	}
+	// realServer reports pod n's real server in virtual server key, if any.
+	realServer := func(f *family.Family, key ipvs.Key, n *NS) (ipvs.Dest, bool) {
+		ds, err := e.ipvsKernel(t, f).Dests(key)
+		if err != nil {
+			e.fatalf(t, "%s: real servers of %s: %v", f, key, err)
+		}
+		for _, d := range ds {
+			if d.Addr == n.IP(f) {
+				return d, true
+			}
+		}
+		return ipvs.Dest{}, false
+	}
+	// A UDP and an SCTP flow to a: IPVS keeps both on its real servers after
+	// the reply (the SCTP association, shut down, for its CLOSED timeout).
+	type flow struct {
+		f   *family.Family
+		p   Proto
+		key ipvs.Key
+	}
+	var flows []flow
+	for _, f := range family.All {
+		for _, p := range []Proto{UDP, SCTP} {
+			key := ipvs.Key{Addr: testaddr.Svc(f, s.n), Proto: 17, Port: pxSvcPort}
+			if p == SCTP {
+				key.Proto = 132
+			}
+			e.expectServed(t, client, p, netip.AddrPortFrom(key.Addr, pxSvcPort), client.IP(f), a)
+			if d, ok := realServer(f, key, a); !ok || d.Active+d.Inactive == 0 {
+				e.fatalf(t, "%s %s: pod-a's real server %+v (present %v) counts no flow after a reply", f, p, d, ok)
+			}
+			flows = append(flows, flow{f, p, key})
+		}
+	}
 	s.eps = []*NS{b}
 	e.apply(s)
 	e.sync(false)
+	for _, fl := range flows {
+		f := fl.f
+		if d, ok := realServer(f, fl.key, a); ok {
+			e.fatalf(t, "%s %s: the removed endpoint's real server with a flow is still there (%+v), want deleted at once", f, fl.p, d)
+		}
+		e.expectServed(t, client, fl.p, netip.AddrPortFrom(fl.key.Addr, pxSvcPort), client.IP(f), b)
+	}
 	for _, f := range family.All {
 		rd := bufio.NewReader(conns[f])
 		for i := range 3 {
@@ -191,16 +235,8 @@ func TestIPVSDrain(t *testing.T) {
 		}
 		key := ipvs.Key{Addr: testaddr.Svc(f, s.n), Proto: 6, Port: echoPort}
 		weight := func() (int, bool) {
-			ds, err := e.ipvsKernel(t, f).Dests(key)
-			if err != nil {
-				e.fatalf(t, "%s: real servers of %s: %v", f, key, err)
-			}
-			for _, d := range ds {
-				if d.Addr == a.IP(f) {
-					return d.Weight, true
-				}
-			}
-			return 0, false
+			d, ok := realServer(f, key, a)
+			return d.Weight, ok
 		}
 		if w, ok := weight(); !ok || w != 0 {
 			e.fatalf(t, "%s: the removed endpoint's real server: present %v weight %d, want present at weight 0", f, ok, w)
