@@ -193,7 +193,7 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		}
 	}
 	err := b.apply(&res, vs, ms, as)
-	b.pruneDrained(&res)
+	b.pruneDrained(&res, vs)
 	if err != nil {
 		b.synced = false
 	}
@@ -430,11 +430,16 @@ func (b *Backend) destCounts(k ipvs.Key) map[netip.AddrPort]ipvs.Dest {
 	return out
 }
 
-// pruneDrained deletes drained real servers that have no connection left. When
-// the counts cannot be read it keeps them for the next try (a full sync, which
-// reads the kernel, forgets one that is gone).
-func (b *Backend) pruneDrained(res *proxier.SyncResult) {
+// pruneDrained deletes drained real servers that have no connection left, of
+// the virtual servers in only (all when nil: a partial sync reads the counts of
+// those it touched, the periodic check those of the rest). When the counts
+// cannot be read it keeps them for the next try (a full sync, which reads the
+// kernel, forgets one that is gone).
+func (b *Backend) pruneDrained(res *proxier.SyncResult, only map[ipvs.Key]bool) {
 	for k, ds := range b.draining {
+		if only != nil && !only[k] {
+			continue
+		}
 		counts := b.destCounts(k)
 		if counts == nil {
 			continue
@@ -471,7 +476,7 @@ func (b *Backend) Flushed(ctx context.Context) bool {
 		return false
 	}
 	var res proxier.SyncResult
-	b.pruneDrained(&res)
+	b.pruneDrained(&res, nil)
 	for _, c := range [][2]string{{"nat", chainServices}, {"filter", chainInput}} {
 		if ok, err := b.r.ChainExists(c[0], c[1]); err == nil && !ok {
 			return true
@@ -526,7 +531,7 @@ func (b *Backend) fullSync(ctx context.Context, req *proxier.SyncRequest, res *p
 		return err
 	}
 	err = b.apply(res, vs, ms, as)
-	b.pruneDrained(res)
+	b.pruneDrained(res, nil)
 	if err != nil {
 		return err
 	}

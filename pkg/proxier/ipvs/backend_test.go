@@ -38,8 +38,9 @@ type fakeKernel struct {
 	// read the counts (or one it never read) would be lost.
 	quiet map[ipvs.Key]map[netip.AddrPort]bool
 	lost  []string
-	// destsErr, when set, fails every read of real servers.
+	// destsErr, when set, fails every read of real servers; reads counts them.
 	destsErr error
+	reads    int
 	ops      int
 	// observe, when set, runs after every change to the kernel.
 	observe func()
@@ -92,6 +93,7 @@ func (k *fakeKernel) DelService(s ipvs.Key) error {
 	return nil
 }
 func (k *fakeKernel) Dests(s ipvs.Key) ([]ipvs.Dest, error) {
+	k.reads++
 	if k.destsErr != nil {
 		return nil, k.destsErr
 	}
@@ -711,6 +713,14 @@ func TestDrain(t *testing.T) {
 	}
 	if _, ok := k.dests[vs][gone]; !ok {
 		t.Fatal("drained real server deleted while it has connections")
+	}
+	// A partial sync of another Service reads no counts of this one: the
+	// periodic check does.
+	k.reads = 0
+	other := port(f, "other", 12, 1)
+	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10, 2), other), Changed: []model.ServicePortName{other.Name}, Node: node(f)})
+	if k.reads != 0 {
+		t.Fatalf("a partial sync of another Service read real servers %d times", k.reads)
 	}
 	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 2)), Node: node(f)}); res.Repairs != 0 {
 		t.Fatalf("full sync while draining: %d repairs", res.Repairs)
