@@ -798,6 +798,57 @@ func waitKubeProxyIPVSRules(e *env, within time.Duration) (missing []string) {
 	return missing
 }
 
+// waitKubeProxyCaughtUp waits until, in each family, kube-proxy (metrics on
+// 127.0.0.1:10349 in the node) has ended a sync after the last one it queued:
+// kubeproxy_sync_proxy_rules_last_timestamp_seconds at or past
+// kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds. Its first sync can
+// end before the node's zone reaches it (its Node event waits for the sync's
+// lock, then queues another), and under the guest's emulation an IPVS sync
+// takes minutes: probing then finds trafficDistribution not yet applied. It
+// returns the families ("iptables-save", "ip6tables-save", as
+// waitKubeProxyIPVSRules) still behind after within.
+func waitKubeProxyCaughtUp(e *env, within time.Duration) (behind []string) {
+	value := regexp.MustCompile(`(?m)^kubeproxy_sync_proxy_rules_last_(queued_)?timestamp_seconds\{ip_family="(IPv[46])"\} (\S+)$`)
+	caughtUp := func() map[string]bool {
+		out, err := netns.Exec(e.c.Node, "curl", "-sf", "--max-time", "5", "http://127.0.0.1:10349/metrics")
+		if err != nil {
+			return nil
+		}
+		synced, queued := map[string]float64{}, map[string]float64{}
+		for _, m := range value.FindAllStringSubmatch(out, -1) {
+			v, err := strconv.ParseFloat(m[3], 64)
+			if err != nil {
+				continue
+			}
+			if m[1] == "" {
+				synced[m[2]] = v
+			} else {
+				queued[m[2]] = v
+			}
+		}
+		ok := map[string]bool{}
+		for f, q := range queued {
+			if s, has := synced[f]; has && s >= q {
+				ok[f] = true
+			}
+		}
+		return ok
+	}
+	deadline := time.Now().Add(within)
+	ok := caughtUp()
+	for (!ok["IPv4"] || !ok["IPv6"]) && time.Now().Before(deadline) {
+		time.Sleep(time.Second)
+		ok = caughtUp()
+	}
+	if !ok["IPv4"] {
+		behind = append(behind, "iptables-save")
+	}
+	if !ok["IPv6"] {
+		behind = append(behind, "ip6tables-save")
+	}
+	return behind
+}
+
 // metricFamily is one metric family on a /metrics page: its type and the
 // label names its samples carry (a histogram's "le" left out).
 type metricFamily struct {
