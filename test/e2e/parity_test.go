@@ -153,20 +153,27 @@ func kubeProxyParity(t *testing.T, e *env, runs ...string) {
 				t.Logf("kube-proxy %s, %v (%v):\n%s", run, cmd, err, out)
 			}
 		}
+		// noOracle leaves out of the comparison the families (named by their
+		// save command) whose kube-proxy state is not ready; with both out,
+		// the run has no oracle.
+		noOracle := func(saves []string, why string) {
+			for _, save := range saves {
+				if !skip[run+save] {
+					skip[run+save] = true
+					t.Logf("kube-proxy %s, %s: %s: that family is not compared; its errors:\n%s", run, save, why, kp.errors())
+				}
+			}
+			if skip[run+"iptables-save"] && skip[run+"ip6tables-save"] {
+				kp.stop()
+				t.Skipf("kube-proxy %s: %s in both families: no oracle", run, why)
+			}
+		}
 		// kube-proxy's IPVS mode serves through its virtual servers before
 		// its sync has written the iptables rules that masquerade and filter,
 		// which under the guest's emulation takes minutes: wait for them. A
 		// family still without them is no oracle.
 		if mode == "ipvs" {
-			for _, save := range waitKubeProxyIPVSRules(e, 4*time.Minute) {
-				skip[run+save] = true
-				t.Logf("kube-proxy %s has no rules in %s's KUBE-SERVICES: that family is not compared; its errors:\n%s",
-					run, save, kp.errors())
-			}
-			if skip[run+"iptables-save"] && skip[run+"ip6tables-save"] {
-				kp.stop()
-				t.Skipf("kube-proxy %s programmed no iptables rules for either family: no oracle", run)
-			}
+			noOracle(waitKubeProxyIPVSRules(e, 4*time.Minute), "no rules in KUBE-SERVICES after 4m")
 			if !skip[run+"ip6tables-save"] {
 				x.waitServing(t, "kube-proxy "+run, netip.Addr.Is6)
 			}
@@ -175,24 +182,12 @@ func kubeProxyParity(t *testing.T, e *env, runs ...string) {
 		// zone may have come after its first one (trafficDistribution).
 		caughtUp := time.Now()
 		behind := waitKubeProxyCaughtUp(e, 4*time.Minute)
-		t.Logf("kube-proxy %s: every queued sync ended %v after the wait began", run, time.Since(caughtUp).Round(time.Millisecond))
-		for _, save := range behind {
-			if skip[run+save] {
-				continue
-			}
-			fam := map[string]string{"iptables-save": "IPv4", "ip6tables-save": "IPv6"}[save]
-			if mode != "ipvs" {
-				kp.stop()
-				e.fatalf(t, "kube-proxy %s: its last queued %s sync not ended after 4m; its errors:\n%s", run, fam, kp.errors())
-			}
-			skip[run+save] = true
-			t.Logf("kube-proxy %s: its last queued %s sync not ended after 4m: that family is not compared; its errors:\n%s",
-				run, fam, kp.errors())
-		}
-		if skip[run+"iptables-save"] && skip[run+"ip6tables-save"] {
+		t.Logf("kube-proxy %s: the wait for its queued syncs took %v", run, time.Since(caughtUp).Round(time.Millisecond))
+		if len(behind) > 0 && mode != "ipvs" {
 			kp.stop()
-			t.Skipf("kube-proxy %s caught up in neither family: no oracle", run)
+			e.fatalf(t, "kube-proxy %s: the last sync queued for %v not ended after 4m; its errors:\n%s", run, behind, kp.errors())
 		}
+		noOracle(behind, "the last sync it queued not ended after 4m")
 		kpHealth := append(x.fetchHealth(t), proxyHealth(t, e, "127.0.0.1:10356")...)
 		start := time.Now()
 		kpOut := x.run(nil)
