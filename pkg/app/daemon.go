@@ -278,6 +278,7 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 		Local:         localDetector(d.cfg, f, node),
 		MasqueradeAll: d.cfg.MasqueradeAll,
 		Runner:        runnerOptions(d.cfg),
+		HealthTimeout: healthTimeout(d.cfg),
 		Observer:      d.metrics,
 		Conntrack:     conntrack.New(),
 		NoExternalIPs: !gateEnabled(d.cfg, "AllowServiceExternalIPs", true),
@@ -307,6 +308,11 @@ func runnerOptions(c *config.Config) runner.Options {
 		RetryMax:         c.SyncPeriod,
 	}
 }
+
+// healthTimeout is how long a queued change may wait for a successful sync before
+// /healthz and /livez report the family unhealthy: kube-proxy v1.36's twice
+// syncPeriod.
+func healthTimeout(c *config.Config) time.Duration { return 2 * c.SyncPeriod }
 
 // Families returns the families the daemon proxies.
 func (d *Daemon) Families() []*family.Family { return d.meta.Families() }

@@ -18,6 +18,10 @@ func TestRunnerOptions(t *testing.T) {
 	if got != want {
 		t.Errorf("runnerOptions = %+v, want %+v", got, want)
 	}
+	// kube-proxy's health server times out a queued change after twice syncPeriod.
+	if got := healthTimeout(&config.Config{SyncPeriod: 45 * time.Second}); got != 90*time.Second {
+		t.Errorf("healthTimeout(syncPeriod 45s) = %v, want 1m30s", got)
+	}
 }
 
 // The INVALID drop rule goes when nf_conntrack_tcp_be_liberal is set, or will be
