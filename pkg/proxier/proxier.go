@@ -75,9 +75,10 @@ type Proxier struct {
 	node         *v1.Node
 	nodeIP       netip.Addr
 	serviceCIDRs []netip.Prefix
-	// triggers holds, per Service, the earliest EndpointSlice trigger time
-	// (endpoints.kubernetes.io/last-change-trigger-time) not yet programmed.
-	triggers map[types.NamespacedName]time.Time
+	// triggers holds, per Service, the EndpointSlice trigger times
+	// (endpoints.kubernetes.io/last-change-trigger-time) of the changes not yet
+	// programmed, one per slice update, as kube-proxy's endpoints tracker keeps them.
+	triggers map[types.NamespacedName][]time.Time
 
 	// Owned by the sync goroutine.
 	svcMap       model.ServiceMap
@@ -163,9 +164,13 @@ func (p *Proxier) OnServiceUpdate(old, cur *v1.Service) { p.onService(old, cur) 
 func (p *Proxier) OnServiceDelete(svc *v1.Service) { p.onService(svc, nil) }
 
 func (p *Proxier) onService(old, cur *v1.Service) {
+	o, observed := p.cfg.Observer.(ChangeObserver)
+	if observed {
+		// kube-proxy counts every event its tracker receives, changed or not.
+		o.AddServiceChanges(1)
+	}
 	if p.services.Update(old, cur) {
-		if o, ok := p.cfg.Observer.(ChangeObserver); ok {
-			o.AddServiceChanges(1)
+		if observed {
 			o.SetServiceChangesPending(p.cfg.Family, p.services.Pending())
 			o.SyncQueued(p.cfg.Family)
 		}
@@ -202,6 +207,11 @@ func (p *Proxier) OnEndpointSliceUpdate(_, cur *endpointslice.Object) { p.onSlic
 func (p *Proxier) OnEndpointSliceDelete(o *endpointslice.Object) { p.onSlice(o, true) }
 
 func (p *Proxier) onSlice(o *endpointslice.Object, deleted bool) {
+	obs, observed := p.cfg.Observer.(ChangeObserver)
+	if observed {
+		// kube-proxy counts every event its tracker receives, changed or not.
+		obs.AddEndpointChanges(1)
+	}
 	changed := false
 	if deleted {
 		changed = p.slices.Delete(o)
@@ -209,35 +219,48 @@ func (p *Proxier) onSlice(o *endpointslice.Object, deleted bool) {
 		changed = p.slices.Update(o)
 	}
 	if changed {
-		p.recordTrigger(o)
-		if o, ok := p.cfg.Observer.(ChangeObserver); ok {
-			o.AddEndpointChanges(1)
-			o.SetEndpointChangesPending(p.cfg.Family, p.slices.Pending())
-			o.SyncQueued(p.cfg.Family)
+		p.recordTrigger(o, deleted)
+		if observed {
+			obs.SetEndpointChangesPending(p.cfg.Family, p.slices.Pending())
+			obs.SyncQueued(p.cfg.Family)
 		}
 		p.runner.Trigger()
 	}
 }
 
+// maxTriggers bounds the trigger times kept per Service while its changes wait
+// for a sync (a family whose syncs keep failing under churn); later ones are not
+// kept.
+const maxTriggers = 256
+
 // recordTrigger remembers when the controller saw the change behind o, for
-// kubeproxy_network_programming_duration_seconds.
-func (p *Proxier) recordTrigger(o *endpointslice.Object) {
-	if o == nil || o.Trigger.IsZero() || o.Slice == nil {
-		return // hand-made slices have no trigger time
+// kubeproxy_network_programming_duration_seconds. As in kube-proxy, a deleted
+// slice's annotation is its last update's, not the deletion's, so a deletion
+// records nothing and forgets the Service's pending times.
+func (p *Proxier) recordTrigger(o *endpointslice.Object, deleted bool) {
+	if o == nil || o.Slice == nil {
+		return
 	}
-	t, nn := o.Trigger, o.Slice.Service
+	nn := o.Slice.Service
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.triggers == nil {
-		p.triggers = map[types.NamespacedName]time.Time{}
+	if deleted {
+		delete(p.triggers, nn)
+		return
 	}
-	if old, ok := p.triggers[nn]; !ok || t.Before(old) {
-		p.triggers[nn] = t
+	if o.Trigger.IsZero() {
+		return // hand-made slices have no trigger time
+	}
+	if p.triggers == nil {
+		p.triggers = map[types.NamespacedName][]time.Time{}
+	}
+	if ts := p.triggers[nn]; len(ts) < maxTriggers {
+		p.triggers[nn] = append(ts, o.Trigger)
 	}
 }
 
 // observeProgramming reports the trigger times of the Services a successful sync
-// programmed.
+// programmed, each one, as kube-proxy does.
 func (p *Proxier) observeProgramming(changed map[types.NamespacedName]bool) {
 	po, ok := p.cfg.Observer.(interface {
 		ObserveProgramming(f *family.Family, trigger time.Time)
@@ -245,8 +268,8 @@ func (p *Proxier) observeProgramming(changed map[types.NamespacedName]bool) {
 	p.mu.Lock()
 	var times []time.Time
 	for nn := range changed {
-		if t, found := p.triggers[nn]; found {
-			times = append(times, t)
+		if ts, found := p.triggers[nn]; found {
+			times = append(times, ts...)
 			delete(p.triggers, nn)
 		}
 	}
@@ -333,6 +356,13 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	if !req.Full && !req.NodeChanged && len(req.Changed) == 0 {
 		d, ok := p.cfg.Backend.(FlushDetector)
 		if !ok || !d.Flushed(ctx) {
+			if len(changed) > 0 && p.cfg.Observer != nil {
+				// Queued changes that program nothing (the slices of a deleted
+				// Service going) still end in a sync, as in kube-proxy: its
+				// timestamp must pass the queued one. The periodic check, with
+				// nothing queued, is no sync.
+				p.cfg.Observer.SyncDone(p.cfg.Family, false, time.Since(start), SyncResult{}, nil)
+			}
 			p.observeProgramming(changed)
 			return nil
 		}

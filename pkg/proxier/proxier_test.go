@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -176,9 +177,16 @@ func TestReservedNodePortsFollowTheOtherFamily(t *testing.T) {
 	}
 }
 
-type programmingObserver struct{ got []time.Time }
+type programmingObserver struct {
+	got   []time.Time
+	syncs int // successful SyncDone calls
+}
 
-func (o *programmingObserver) SyncDone(*family.Family, bool, time.Duration, SyncResult, error) {}
+func (o *programmingObserver) SyncDone(_ *family.Family, _ bool, _ time.Duration, _ SyncResult, err error) {
+	if err == nil {
+		o.syncs++
+	}
+}
 func (o *programmingObserver) ObserveProgramming(_ *family.Family, t time.Time) {
 	o.got = append(o.got, t)
 }
@@ -202,6 +210,76 @@ func TestNetworkProgrammingTriggerTimes(t *testing.T) {
 	if err := p.Sync(context.Background(), false); err != nil || len(obs.got) != 1 {
 		t.Fatalf("a trigger time was observed twice: %v (%v)", obs.got, err)
 	}
+
+	// Every update's time is observed, as kube-proxy observes each.
+	obs.got = nil
+	var want []time.Time
+	for i := 2; i <= 4; i++ {
+		upd := endpointSlice(f, "web", i)
+		ti := trigger.Add(time.Duration(i) * time.Second)
+		upd.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: ti.Format(time.RFC3339Nano)}
+		p.OnEndpointSliceUpdate(nil, ingest(upd))
+		want = append(want, ti)
+	}
+	if err := p.Sync(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(obs.got, time.Time.Compare)
+	if !slices.EqualFunc(obs.got, want, time.Time.Equal) {
+		t.Fatalf("three updates in one sync observed %v, want %v", obs.got, want)
+	}
+
+	// A deletion's annotation is the slice's last update, possibly hours old: it is
+	// not observed, and it drops the Service's times still pending.
+	obs.got = nil
+	upd := endpointSlice(f, "web", 1)
+	upd.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: trigger.Add(time.Minute).Format(time.RFC3339Nano)}
+	p.OnEndpointSliceUpdate(nil, ingest(upd))
+	p.OnEndpointSliceDelete(ingest(upd))
+	if err := p.Sync(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if len(obs.got) != 0 {
+		t.Fatalf("an update then the slice's deletion observed %v, want nothing", obs.got)
+	}
+}
+
+// A sync of queued changes that program nothing (the slices of a deleted Service
+// going) is a sync for the metrics, so last_timestamp passes last_queued; the
+// periodic check with nothing queued is not.
+func TestNoOpSyncIsObserved(t *testing.T) {
+	f := family.IPv4
+	p, _ := newTestProxier(t, f, nil)
+	obs := &changeCounter{}
+	p.cfg.Observer = obs
+	ctx := context.Background()
+	svc, es := service(f, "web", f), ingest(endpointSlice(f, "web", 1))
+	p.OnServiceAdd(svc)
+	p.OnEndpointSliceAdd(es)
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	p.OnServiceDelete(svc)
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	before := obs.syncs
+	p.OnEndpointSliceDelete(es)
+	if obs.queued != 4 {
+		t.Fatalf("queued %d times, want 4", obs.queued)
+	}
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if obs.syncs != before+1 {
+		t.Fatalf("the sync of a deleted Service's slice: %d syncs observed, want 1", obs.syncs-before)
+	}
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if obs.syncs != before+1 {
+		t.Fatalf("a sync with nothing queued was observed")
+	}
 }
 
 // The daemon's metrics implement ChangeObserver; this checks the proxier feeds it.
@@ -221,6 +299,14 @@ func TestChangeObserver(t *testing.T) {
 	}
 	if obs.pendingSvc != 0 || obs.pendingEps != 0 {
 		t.Fatalf("after sync: %+v", obs)
+	}
+	// Events that change nothing are counted too, but queue nothing.
+	svc := service(f, "web", f)
+	p.OnServiceUpdate(svc, svc)
+	es := ingest(endpointSlice(f, "web", 1))
+	p.OnEndpointSliceUpdate(es, es)
+	if obs.svc != 3 || obs.eps != 2 || obs.queued != 3 {
+		t.Fatalf("unchanging updates: %+v, want 3 Service and 2 slice events counted, 3 queued", obs)
 	}
 }
 
