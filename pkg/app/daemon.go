@@ -287,6 +287,7 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 			d.local.update(f, st, node.NodePortAddresses)
 			d.cold.synced(f)
 		},
+		LocalStateUnchanged: d.svcHC.RetryFailed,
 	})
 }
 

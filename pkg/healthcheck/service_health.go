@@ -114,14 +114,24 @@ func NewServiceHealthServer(cfg ServiceHealthConfig) *ServiceHealthServer {
 // Services family f serves: it closes the ports of Services that are gone or whose
 // port changed and opens the ports of new ones. A port that cannot be opened (in
 // use, no permission, port 0) is logged and reported to OnListenError (once per
-// distinct error), never fatal; it is tried again at every later SyncServices of
-// the family until it opens. The map is not retained.
+// distinct error), never fatal; it is tried again at every later SyncServices or
+// RetryFailed of the family until it opens. The map is not retained.
 func (s *ServiceHealthServer) SyncServices(f *family.Family, newServices map[types.NamespacedName]uint16) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fh := s.fams[f]
 	fh.desired = maps.Clone(newServices)
 	s.syncLocked(fh)
+}
+
+// RetryFailed tries again to open family f's ports that failed to open, as
+// kube-proxy does after every sync; with none failing it does nothing.
+func (s *ServiceHealthServer) RetryFailed(f *family.Family) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if fh := s.fams[f]; fh != nil && len(fh.failing) > 0 {
+		s.syncLocked(fh)
+	}
 }
 
 func (s *ServiceHealthServer) syncLocked(fh *familyHealth) {

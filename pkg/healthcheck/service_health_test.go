@@ -320,13 +320,29 @@ func TestServiceHealthListenErrors(t *testing.T) {
 		t.Errorf("no retry: %v", calls)
 	}
 
+	// RetryFailed (after any other sync) retries only the failing port, and a
+	// family with none failing listens on nothing new.
+	s.RetryFailed(family.IPv4)
+	if calls := fn.takeCalls(); !contains(calls, "tcp4 192.0.2.10:30002") || contains(calls, "tcp4 192.0.2.10:30001") {
+		t.Errorf("RetryFailed listened on %v, want bad's port only", calls)
+	}
+	s.RetryFailed(family.IPv6)
+	if calls := fn.takeCalls(); len(calls) != 0 {
+		t.Errorf("RetryFailed of a family with no failure listened on %v", calls)
+	}
+
 	// Once the port is free, the retry opens it, with the counts already known.
 	fn.setFail("192.0.2.11:30002", nil)
-	s.SyncServices(family.IPv4, services)
+	s.RetryFailed(family.IPv4)
 	if got := s.Listening(family.IPv4); len(got) != 2 || got[bad] != 30002 {
 		t.Errorf("Listening = %v after the port freed", got)
 	}
 	checkHC(t, "bad recovered", fn.url(t, "192.0.2.11:30002"), bad, 200, 1, true)
+	fn.takeCalls()
+	s.RetryFailed(family.IPv4)
+	if calls := fn.takeCalls(); len(calls) != 0 {
+		t.Errorf("RetryFailed with every port open listened on %v", calls)
+	}
 }
 
 // TestServiceHealthRealListeners uses the default listener on real ports.

@@ -55,6 +55,11 @@ type Config struct {
 	// full sync, and every sync that changed a port using local endpoints or the
 	// node's config. It may read st and node until it returns.
 	LocalStateChanged func(f *family.Family, st *model.State, node *NodeConfig)
+	// LocalStateUnchanged, if set, is called on the sync goroutine after every
+	// other successful sync, the periodic check with nothing to do included (the
+	// daemon retries the health check node ports that failed to open, as
+	// kube-proxy does after every sync).
+	LocalStateUnchanged func(f *family.Family)
 }
 
 // Observer receives sync events; implementations must be cheap and thread-safe.
@@ -364,6 +369,9 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 				p.cfg.Observer.SyncDone(p.cfg.Family, false, time.Since(start), SyncResult{}, nil)
 			}
 			p.observeProgramming(changed)
+			if p.cfg.LocalStateUnchanged != nil {
+				p.cfg.LocalStateUnchanged(p.cfg.Family)
+			}
 			return nil
 		}
 		klog.InfoS("Rules were flushed by someone else; resyncing everything", "ipFamily", p.cfg.Family.Name)
@@ -382,6 +390,8 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	p.observeProgramming(changed)
 	if p.cfg.LocalStateChanged != nil && (full || req.NodeChanged || p.localChanged(req.Changed)) {
 		p.cfg.LocalStateChanged(p.cfg.Family, p.state, nodeCfg)
+	} else if p.cfg.LocalStateUnchanged != nil {
+		p.cfg.LocalStateUnchanged(p.cfg.Family)
 	}
 	klog.V(2).InfoS("Synced", "ipFamily", p.cfg.Family.Name, "full", full, "changedPorts", len(req.Changed),
 		"operations", res.Operations, "repairs", res.Repairs, "elapsed", time.Since(start))

@@ -17,6 +17,7 @@ import (
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/endpointslice"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
 )
 
@@ -320,3 +321,40 @@ func (c *changeCounter) AddEndpointChanges(n int)                          { c.e
 func (c *changeCounter) SetServiceChangesPending(_ *family.Family, n int)  { c.pendingSvc = n }
 func (c *changeCounter) SetEndpointChangesPending(_ *family.Family, n int) { c.pendingEps = n }
 func (c *changeCounter) SyncQueued(*family.Family)                         { c.queued++ }
+
+// The local-state hooks: a sync that may change what depends on local endpoints
+// calls LocalStateChanged; every other successful sync, the periodic check with
+// nothing queued included, calls LocalStateUnchanged (the daemon's retry of health
+// check node ports that failed to open).
+func TestLocalStateHooks(t *testing.T) {
+	f := family.IPv4
+	p, _ := newTestProxier(t, f, nil)
+	var calls []string
+	p.cfg.LocalStateChanged = func(*family.Family, *model.State, *NodeConfig) { calls = append(calls, "changed") }
+	p.cfg.LocalStateUnchanged = func(*family.Family) { calls = append(calls, "unchanged") }
+	ctx := context.Background()
+	step := func(what, want string, change func()) {
+		t.Helper()
+		calls = nil
+		if change != nil {
+			change()
+		}
+		if err := p.Sync(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+		if len(calls) != 1 || calls[0] != want {
+			t.Errorf("%s: hooks %v, want [%s]", what, calls, want)
+		}
+	}
+	step("first (full) sync", "changed", nil)
+	step("a Service of cluster policy", "unchanged", func() { p.OnServiceAdd(service(f, "web", f)) })
+	step("nothing queued", "unchanged", nil)
+	step("a Service with a health check node port", "changed", func() {
+		svc := service(f, "local", f)
+		svc.Spec.Type = v1.ServiceTypeLoadBalancer
+		svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		svc.Spec.HealthCheckNodePort = 31000
+		svc.Spec.Ports[0].NodePort = 30081
+		p.OnServiceAdd(svc)
+	})
+}
