@@ -88,8 +88,11 @@ type Backend struct {
 	opts Options
 
 	written map[model.ServicePortName]*objs // zero name: the node's members
-	vsOwn   map[ipvs.Key]int
-	vsWant  map[ipvs.Key]*virtual
+	// vsOwners holds, per virtual server, what each service port that renders it
+	// wants; two Services may share an address and port (ExternalIPs), and the
+	// lowest port name wins, as in the nftables backend, whichever was written or
+	// removed last.
+	vsOwners map[ipvs.Key]map[model.ServicePortName]*virtual
 	members map[member]int
 	addrs   map[netip.Addr]int
 	// have is what the backend believes the kernel holds; exact while synced.
@@ -118,30 +121,32 @@ func New(f *family.Family, k Kernel, r Runner, opts Options) *Backend {
 }
 
 func (b *Backend) reset() {
-	b.written, b.vsOwn, b.vsWant = map[model.ServicePortName]*objs{}, map[ipvs.Key]int{}, map[ipvs.Key]*virtual{}
+	b.written, b.vsOwners = map[model.ServicePortName]*objs{}, map[ipvs.Key]map[model.ServicePortName]*virtual{}
 	b.members, b.addrs, b.have = map[member]int{}, map[netip.Addr]int{}, map[ipvs.Key]*virtual{}
 	b.draining = map[ipvs.Key]map[ipvs.Dest]bool{}
 	b.synced = false
 }
 
-// account adds (n = 1) or removes (n = -1) o's contributions, noting the virtual
-// servers whose wanted state may have changed, and for members and addresses
-// whether they were wanted before the first change (apply acts on those whose
-// presence changed).
-func (b *Backend) account(o *objs, n int, vs map[ipvs.Key]bool, ms map[member]bool, as map[netip.Addr]bool) {
+// account adds (n = 1) or removes (n = -1) the contributions o of the service
+// port name, noting the virtual servers whose wanted state may have changed, and
+// for members and addresses whether they were wanted before the first change
+// (apply acts on those whose presence changed).
+func (b *Backend) account(name model.ServicePortName, o *objs, n int, vs map[ipvs.Key]bool, ms map[member]bool, as map[netip.Addr]bool) {
 	if o == nil {
 		return
 	}
 	for i := range o.vs {
 		v := &o.vs[i]
 		k := v.svc.Key
-		b.vsOwn[k] += n
-		switch {
-		case b.vsOwn[k] <= 0:
-			delete(b.vsOwn, k)
-			delete(b.vsWant, k)
-		case n > 0:
-			b.vsWant[k] = v
+		owners := b.vsOwners[k]
+		if n > 0 {
+			if owners == nil {
+				owners = make(map[model.ServicePortName]*virtual, 1)
+				b.vsOwners[k] = owners
+			}
+			owners[name] = v
+		} else if delete(owners, name); len(owners) == 0 {
+			delete(b.vsOwners, k)
 		}
 		vs[k] = true
 	}
@@ -183,9 +188,9 @@ func (b *Backend) Sync(ctx context.Context, req *proxier.SyncRequest) (proxier.S
 		b.node = req.Node
 	}
 	for _, name := range changed {
-		b.account(b.written[name], -1, vs, ms, as)
+		b.account(name, b.written[name], -1, vs, ms, as)
 		o := b.renderName(req, name)
-		b.account(o, 1, vs, ms, as)
+		b.account(name, o, 1, vs, ms, as)
 		if o == nil {
 			delete(b.written, name)
 		} else {
@@ -276,10 +281,25 @@ func sortedAddrs(as map[netip.Addr]bool) []netip.Addr {
 	return slices.SortedFunc(maps.Keys(as), netip.Addr.Compare)
 }
 
+// want is what the lowest service port name rendering virtual server k wants; nil
+// if none does.
+func (b *Backend) want(k ipvs.Key) *virtual {
+	var (
+		first model.ServicePortName
+		w     *virtual
+	)
+	for name, v := range b.vsOwners[k] {
+		if w == nil || name.Compare(first) < 0 {
+			first, w = name, v
+		}
+	}
+	return w
+}
+
 // syncVirtual makes virtual server k what the backend wants, from what it
 // believes the kernel has.
 func (b *Backend) syncVirtual(res *proxier.SyncResult, k ipvs.Key) error {
-	want, have := b.vsWant[k], b.have[k]
+	want, have := b.want(k), b.have[k]
 	switch {
 	case want == nil && have == nil:
 		return nil
@@ -507,12 +527,12 @@ func (b *Backend) fullSync(ctx context.Context, req *proxier.SyncRequest, res *p
 	for name := range req.State.Ports {
 		if o := b.renderName(req, name); o != nil {
 			b.written[name] = o
-			b.account(o, 1, vs, ms, as)
+			b.account(name, o, 1, vs, ms, as)
 		}
 	}
 	node := renderNode(req.Node)
 	b.written[model.ServicePortName{}] = node
-	b.account(node, 1, vs, ms, as)
+	b.account(model.ServicePortName{}, node, 1, vs, ms, as)
 	if err := b.setup(ctx, req.Node, res, wasSynced); err != nil {
 		return err
 	}

@@ -419,9 +419,11 @@ func TestRandomPartialSyncs(t *testing.T) {
 					ps.AffinitySeconds = uint32(10 + rnd.IntN(2))
 				}
 				if rnd.IntN(4) == 0 {
-					// Shared between Services: the address stays while any uses it.
+					// Shared between Services: the address stays while any uses it,
+					// and a virtual server two Services render (the same port) is
+					// the lowest name's.
 					ps.ExternalIPs = []netip.Addr{addr(f, "203.0.113.1", "2001:db8:7::1")}
-					ps.Port = uint16(80 + i)
+					ps.Port = uint16(80 + i%3)
 				}
 				if rnd.IntN(5) == 0 {
 					ps.LoadBalancerVIPs = []netip.Addr{addr(f, fmt.Sprintf("203.0.113.%d", 100+i), fmt.Sprintf("2001:db8:8::%d", i))}
