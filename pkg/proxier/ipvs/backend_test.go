@@ -119,6 +119,9 @@ func (k *fakeKernel) destOp(s ipvs.Key, d ipvs.Dest, add, del bool) error {
 	if !ok {
 		return fmt.Errorf("no service %s", s)
 	}
+	if add && !unicastForLinux(d.Addr) {
+		return unix.EINVAL // ip_vs_ctl: a real server must be unicast (or local)
+	}
 	ap := netip.AddrPortFrom(d.Addr, d.Port)
 	_, have := ds[ap]
 	switch {
@@ -153,6 +156,9 @@ func (k *fakeKernel) AddAddr(a netip.Addr) error {
 	defer k.op()
 	if !k.link {
 		return errors.New("no link")
+	}
+	if a.Is6() && a.IsMulticast() {
+		return unix.EINVAL // "Cannot assign multicast address without IFA_F_MCAUTOJOIN"
 	}
 	k.addrs[a] = true
 	return nil
@@ -861,5 +867,69 @@ func TestRuleset(t *testing.T) {
 	}
 	if rs := ruleset(n, 14, true, true); strings.Contains(rs, "INVALID") {
 		t.Errorf("with nf_conntrack_tcp_be_liberal, invalid packets are still dropped:\n%s", rs)
+	}
+}
+
+// unicastForLinux is the fake kernel's own reading of what IPVS takes as a real
+// server (inet_addr_type RTN_UNICAST or RTN_LOCAL; ipv6_addr_type unicast): not
+// multicast, the limited broadcast or unspecified.
+func unicastForLinux(a netip.Addr) bool {
+	return !a.IsMulticast() && !a.IsUnspecified() && a.String() != "255.255.255.255"
+}
+
+// An ExternalIP or VIP that is multicast, or an endpoint that is not unicast, is
+// valid in the API but refused by the kernel: it is left out, and everything else
+// is served, instead of every sync of the family failing on it.
+func TestNotUnicastLeftOut(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			k := newFake()
+			b := newBackend(f, k)
+			bad := port(f, "bad", 10, 1, 2)
+			mcast := addr(f, "239.1.1.1", "ff05::1")
+			bad.ExternalIPs = []netip.Addr{mcast, addr(f, "203.0.113.1", "2001:db8:7::1")}
+			bad.LoadBalancerVIPs = []netip.Addr{addr(f, "239.1.1.2", "ff0e::2")}
+			for _, a := range []netip.Addr{addr(f, "224.0.1.5", "ff05::5"), addr(f, "255.255.255.255", "::")} {
+				bad.Cluster = append(bad.Cluster, model.Endpoint{Addr: a, Port: 8080, Ready: true, Serving: true})
+			}
+			good := port(f, "good", 11, 3)
+			for i, full := range []bool{true, false, true} {
+				req := &proxier.SyncRequest{Full: full, State: state(bad, good), Node: node(f)}
+				if !full {
+					req.Changed = []model.ServicePortName{bad.Name}
+				}
+				if _, err := b.Sync(context.Background(), req); err != nil {
+					t.Fatalf("sync %d: %v", i, err)
+				}
+			}
+			if k.addrs[mcast] {
+				t.Errorf("multicast ExternalIP %s bound", mcast)
+			}
+			for key := range k.svcs {
+				if !unicastForLinux(key.Addr) {
+					t.Errorf("virtual server on %s", key)
+				}
+			}
+			want := map[string][]string{
+				"bad ClusterIP":  {addr(f, "10.64.0.1", "fd00:64::1").String(), addr(f, "10.64.0.2", "fd00:64::2").String()},
+				"bad ExternalIP": {addr(f, "10.64.0.1", "fd00:64::1").String(), addr(f, "10.64.0.2", "fd00:64::2").String()},
+				"good ClusterIP": {addr(f, "10.64.0.3", "fd00:64::3").String()},
+			}
+			keys := map[string]ipvs.Key{
+				"bad ClusterIP":  {Addr: bad.ClusterIP, Proto: 6, Port: 80},
+				"bad ExternalIP": {Addr: bad.ExternalIPs[1], Proto: 6, Port: 80},
+				"good ClusterIP": {Addr: good.ClusterIP, Proto: 6, Port: 80},
+			}
+			for what, key := range keys {
+				var got []string
+				for ap := range k.dests[key] {
+					got = append(got, ap.Addr().String())
+				}
+				slices.Sort(got)
+				if !slices.Equal(got, want[what]) {
+					t.Errorf("%s %s: real servers %v, want %v", what, key, got, want[what])
+				}
+			}
+		})
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"k8s.io/klog/v2"
+
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/model"
@@ -95,6 +97,15 @@ func cmpDest(a, b ipvs.Dest) int {
 	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
 }
 
+// unicast reports whether IPVS takes a as a Service address or a real server.
+// The API server accepts multicast ExternalIPs and endpoint addresses outside the
+// link-local ranges, but Linux refuses to bind an IPv6 multicast address to a link
+// (without IFA_F_MCAUTOJOIN), and IPVS refuses a real server that is not unicast
+// (EINVAL): either would fail every sync of the family.
+func unicast(a netip.Addr) bool {
+	return !a.IsMulticast() && !a.IsUnspecified() && a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
+}
+
 // render returns what ps puts in the kernel.
 func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 	f := node.Family
@@ -103,6 +114,27 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 		return nil
 	}
 	o := &objs{}
+	// Addresses IPVS refuses are left out (logged once per render), so they cost
+	// only themselves, as in kube-proxy's IPVS mode, which logs the failed bind.
+	var refused []netip.Addr
+	defer func() {
+		if len(refused) > 0 {
+			klog.InfoS("IPVS: leaving out addresses that are not unicast", "servicePort", ps.Name.String(),
+				"ipFamily", f.Name, "addresses", slices.Compact(slices.SortedFunc(slices.Values(refused), netip.Addr.Compare)))
+		}
+	}()
+	usable := func(eps []model.Endpoint) []model.Endpoint {
+		if !slices.ContainsFunc(eps, func(ep model.Endpoint) bool { return !unicast(ep.Addr) }) {
+			return eps
+		}
+		return slices.DeleteFunc(slices.Clone(eps), func(ep model.Endpoint) bool {
+			if unicast(ep.Addr) {
+				return false
+			}
+			refused = append(refused, ep.Addr)
+			return true
+		})
+	}
 	// add adds the virtual server a:port for eps. fallback, for an external
 	// address with traffic policy Local, is the cluster endpoints: with no
 	// local endpoint, they serve the node's own and its pods' connections, as
@@ -110,6 +142,7 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 	// kube-proxy's other modes; kube-proxy's IPVS mode forwards them with the
 	// client's address as source).
 	add := func(a netip.Addr, port uint16, eps, fallback []model.Endpoint) ipvs.Entry {
+		eps, fallback = usable(eps), usable(fallback)
 		svc := ipvs.Service{Key: ipvs.Key{Addr: a, Proto: proto, Port: port}, Scheduler: sched}
 		if ps.AffinitySeconds != 0 {
 			svc.Persistent, svc.Timeout = true, ps.AffinitySeconds
@@ -133,6 +166,16 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 		return e
 	}
 	inFamily := func(a netip.Addr) bool { return a.IsValid() && a.BitLen() == f.BitLen }
+	serves := func(a netip.Addr) bool {
+		if !inFamily(a) {
+			return false
+		}
+		if !unicast(a) {
+			refused = append(refused, a)
+			return false
+		}
+		return true
+	}
 	if inFamily(ps.ClusterIP) {
 		o.members = append(o.members, member{setClusterIP, add(ps.ClusterIP, ps.Port, ps.InternalEndpoints(), nil)})
 		o.addrs = append(o.addrs, ps.ClusterIP)
@@ -144,14 +187,14 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 	}
 	external := ps.ExternalEndpoints()
 	for _, a := range ps.ExternalIPs {
-		if inFamily(a) {
+		if serves(a) {
 			o.members = append(o.members, member{ext, add(a, ps.Port, external, fallback)})
 			o.addrs = append(o.addrs, a)
 		}
 	}
 	anySource := len(ps.SourceRanges) == 0 || slices.ContainsFunc(ps.SourceRanges, func(p netip.Prefix) bool { return p.Bits() == 0 })
 	for _, a := range ps.LoadBalancerVIPs {
-		if !inFamily(a) {
+		if !serves(a) {
 			continue
 		}
 		e := add(a, ps.Port, external, fallback)
