@@ -102,8 +102,17 @@ func (s *State) updateService(nn types.NamespacedName, ports []*ServicePort, eps
 		s.Ports[sp.Name] = ps
 		names = append(names, sp.Name)
 	}
+	// A Service may have thousands of ports (the API sets no limit): past a few,
+	// look the old names up in a set, not in the list.
+	var kept map[ServicePortName]bool
+	if len(old) > 8 && len(names) > 8 {
+		kept = make(map[ServicePortName]bool, len(names))
+		for _, n := range names {
+			kept[n] = true
+		}
+	}
 	for _, name := range old {
-		if !containsName(names, name) {
+		if kept != nil && !kept[name] || kept == nil && !containsName(names, name) {
 			s.Previous[name] = s.Ports[name]
 			delete(s.Ports, name)
 			out = append(out, name)

@@ -2,6 +2,7 @@ package model
 
 import (
 	"slices"
+	"strconv"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -166,5 +167,67 @@ func TestServiceTrackerNoExternalIPs(t *testing.T) {
 		if got := len(ports[0].ExternalIPs); got != map[bool]int{false: 1, true: 0}[off] {
 			t.Errorf("NoExternalIPs=%v: %d external IPs", off, got)
 		}
+	}
+}
+
+// manyPorts returns a ClusterIP Service with ports p0 … p<n-1> (ports 1 … n).
+func manyPorts(n int) *v1.Service {
+	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "big"},
+		Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.1", ClusterIPs: []string{"10.96.0.1"}}}
+	for i := range n {
+		svc.Spec.Ports = append(svc.Spec.Ports, v1.ServicePort{Name: "p" + strconv.Itoa(i), Port: int32(1 + i), Protocol: v1.ProtocolTCP})
+	}
+	return svc
+}
+
+// A Service that loses some of its many ports: exactly those go, whether the
+// old names are looked up in the list (few) or in a set (many).
+func TestStateManyPortsRemoved(t *testing.T) {
+	for _, n := range []int{6, 40} {
+		tr := NewServiceTracker(family.IPv4)
+		svcs, st := ServiceMap{}, NewState()
+		big := manyPorts(n)
+		tr.Update(nil, big)
+		if got := st.Update(svcs, EndpointsMap{}, NodeInfo{}, tr.Checkout(svcs, false), false); len(got) != n {
+			t.Fatalf("%d ports: %d changed", n, len(got))
+		}
+		fewer := big.DeepCopy()
+		fewer.Spec.Ports = slices.DeleteFunc(fewer.Spec.Ports, func(p v1.ServicePort) bool { return p.Port%3 == 0 })
+		tr.Update(big, fewer)
+		got := st.Update(svcs, EndpointsMap{}, NodeInfo{}, tr.Checkout(svcs, false), false)
+		var want []string
+		for i := range n {
+			if (1+i)%3 == 0 {
+				want = append(want, "p"+strconv.Itoa(i))
+			}
+		}
+		var gotNames []string
+		for _, name := range got {
+			gotNames = append(gotNames, name.Port)
+			if st.Ports[name] != nil || st.Previous[name] == nil {
+				t.Errorf("%d ports: removed %s still in Ports or not in Previous", n, name)
+			}
+		}
+		slices.Sort(gotNames)
+		slices.Sort(want)
+		if !slices.Equal(gotNames, want) {
+			t.Errorf("%d ports: changed %v, want %v", n, gotNames, want)
+		}
+		if len(st.Ports) != len(fewer.Spec.Ports) {
+			t.Errorf("%d ports: %d left, want %d", n, len(st.Ports), len(fewer.Spec.Ports))
+		}
+	}
+}
+
+// BenchmarkStateUpdateManyPorts: one Service of 20k ports synced again (the API
+// sets no limit on ports; the old names were looked up in a list, 2.8 s here).
+func BenchmarkStateUpdateManyPorts(b *testing.B) {
+	tr := NewServiceTracker(family.IPv4)
+	svcs, st := ServiceMap{}, NewState()
+	tr.Update(nil, manyPorts(20000))
+	changed := tr.Checkout(svcs, false)
+	st.Update(svcs, EndpointsMap{}, NodeInfo{}, changed, false)
+	for b.Loop() {
+		st.Update(svcs, EndpointsMap{}, NodeInfo{}, changed, false)
 	}
 }
