@@ -95,6 +95,10 @@ type Filter struct {
 	// Keep exempts flows whose reply source (endpoint address and port) is listed:
 	// flows already going to a serving endpoint.
 	Keep []netip.AddrPort
+	// keepSorted says Keep is sorted, without IPv4-mapped addresses, so Match
+	// searches it instead of walking it (ForStaleEndpoints; a Service may have
+	// tens of thousands of endpoints and flows).
+	keepSorted bool
 }
 
 // ForIP matches flows sent to origDst (e.g. a ClusterIP whose UDP service gained its
@@ -126,7 +130,12 @@ func ForPortNAT(proto Protocol, port uint16, dnatTo netip.Addr) Filter {
 // one of the serving endpoints: the reconcile kube-proxy's CleanStaleEntries does
 // for a service IP. An invalid origDst makes it a NodePort filter (any address).
 func ForStaleEndpoints(proto Protocol, origDst netip.Addr, port uint16, serving []netip.AddrPort) Filter {
-	return Filter{Protocol: proto, OrigDst: origDst, OrigDstPort: port, Keep: slices.Clone(serving)}
+	keep := make([]netip.AddrPort, 0, len(serving))
+	for _, a := range serving {
+		keep = append(keep, netip.AddrPortFrom(a.Addr().Unmap(), a.Port()))
+	}
+	slices.SortFunc(keep, netip.AddrPort.Compare)
+	return Filter{Protocol: proto, OrigDst: origDst, OrigDstPort: port, Keep: slices.Compact(keep), keepSorted: true}
 }
 
 // Validate checks that the filter selects something narrower than a protocol and
@@ -168,6 +177,11 @@ func (f Filter) Match(fl Flow) bool {
 	}
 	if f.ReplySrcPort != 0 && fl.ReplySrc.Port() != f.ReplySrcPort {
 		return false
+	}
+	if f.keepSorted {
+		src := netip.AddrPortFrom(fl.ReplySrc.Addr().Unmap(), fl.ReplySrc.Port())
+		_, kept := slices.BinarySearchFunc(f.Keep, src, netip.AddrPort.Compare)
+		return !kept
 	}
 	for _, k := range f.Keep {
 		if k.Addr().Unmap() == fl.ReplySrc.Addr().Unmap() && k.Port() == fl.ReplySrc.Port() {

@@ -156,3 +156,38 @@ func TestProtocolFor(t *testing.T) {
 		t.Error("ICMP accepted")
 	}
 }
+
+// ForStaleEndpoints over many serving endpoints, given in any order: a flow to any
+// of them (also one the kernel reports IPv4-mapped) is kept, every other matched.
+func TestStaleEndpointsManyServing(t *testing.T) {
+	f := family.IPv4
+	svc := testaddr.Svc(f, 1)
+	var serving []netip.AddrPort
+	for i := 4000; i > 0; i-- { // descending, with a duplicate
+		serving = append(serving, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 64, byte(i >> 8), byte(i)}), 8080))
+	}
+	serving = append(serving, serving[7])
+	filter := ForStaleEndpoints(UDP, svc, 53, serving)
+	if err := filter.Validate(f); err != nil {
+		t.Fatal(err)
+	}
+	for i, ap := range serving {
+		fl := udpFlow(f, 1, svc, 53, ap.Addr(), ap.Port())
+		if filter.Match(fl) {
+			t.Fatalf("flow to serving endpoint %d (%s) matched", i, ap)
+		}
+		fl.ReplySrc = netip.AddrPortFrom(netip.AddrFrom16(ap.Addr().As16()), ap.Port())
+		if filter.Match(fl) {
+			t.Fatalf("flow to serving endpoint %s, IPv4-mapped, matched", ap)
+		}
+	}
+	for _, gone := range []netip.AddrPort{
+		netip.MustParseAddrPort("10.64.0.1:8081"),   // serving address, other port
+		netip.MustParseAddrPort("10.64.200.1:8080"), // not serving
+		netip.MustParseAddrPort("10.63.255.255:8080"),
+	} {
+		if !filter.Match(udpFlow(f, 1, svc, 53, gone.Addr(), gone.Port())) {
+			t.Errorf("flow to %s, not serving, not matched", gone)
+		}
+	}
+}

@@ -27,23 +27,24 @@ func staleFlows(old, cur *model.PortState) []conntrack.Filter {
 		return nil
 	}
 	oldServing, curServing := serving(old), serving(cur)
-	lost := slices.ContainsFunc(oldServing, func(a netip.AddrPort) bool { return !slices.Contains(curServing, a) })
+	lost := slices.ContainsFunc(oldServing, func(a netip.AddrPort) bool { return !hasAddrPort(curServing, a) })
 	gained := len(oldServing) == 0 && len(curServing) > 0
-	curFronts := frontends(cur)
+	oldFronts, curFronts := frontends(old), frontends(cur)
 	var out []conntrack.Filter
-	for _, fr := range frontends(old) {
-		if slices.Contains(curFronts, fr) && !lost && !gained {
+	for _, fr := range oldFronts {
+		kept := hasAddrPort(curFronts, fr)
+		if kept && !lost && !gained {
 			continue
 		}
 		keep := curServing
-		if !slices.Contains(curFronts, fr) {
+		if !kept {
 			keep = nil
 		}
 		out = append(out, conntrack.ForStaleEndpoints(proto, fr.Addr(), fr.Port(), keep))
 	}
 	if gained {
 		for _, fr := range curFronts {
-			if !slices.Contains(frontends(old), fr) {
+			if !hasAddrPort(oldFronts, fr) {
 				out = append(out, conntrack.ForStaleEndpoints(proto, fr.Addr(), fr.Port(), curServing))
 			}
 		}
@@ -51,24 +52,30 @@ func staleFlows(old, cur *model.PortState) []conntrack.Filter {
 	return out
 }
 
-// serving lists the endpoints a port's traffic may go to.
+// serving lists the endpoints a port's traffic may go to, sorted and without
+// duplicates (a Service may have tens of thousands).
 func serving(ps *model.PortState) []netip.AddrPort {
 	if ps == nil {
 		return nil
 	}
-	var out []netip.AddrPort
+	out := make([]netip.AddrPort, 0, len(ps.Cluster)+len(ps.Local))
 	for _, list := range [][]model.Endpoint{ps.Cluster, ps.Local} {
 		for i := range list {
-			if ap := list[i].AddrPort(); !slices.Contains(out, ap) {
-				out = append(out, ap)
-			}
+			out = append(out, list[i].AddrPort())
 		}
 	}
-	return out
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out)
 }
 
-// frontends lists the addresses and ports a port is reached at; a NodePort is an
-// invalid address with the node port.
+// hasAddrPort reports whether the sorted list holds a.
+func hasAddrPort(sorted []netip.AddrPort, a netip.AddrPort) bool {
+	_, found := slices.BinarySearchFunc(sorted, a, netip.AddrPort.Compare)
+	return found
+}
+
+// frontends lists the addresses and ports a port is reached at, sorted and without
+// duplicates; a NodePort is an invalid address with the node port.
 func frontends(ps *model.PortState) []netip.AddrPort {
 	if ps == nil {
 		return nil
@@ -83,7 +90,8 @@ func frontends(ps *model.PortState) []netip.AddrPort {
 	if ps.NodePort != 0 {
 		out = append(out, netip.AddrPortFrom(netip.Addr{}, ps.NodePort))
 	}
-	return out
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out)
 }
 
 // clearStaleFlows deletes the stale flows of the ports a sync changed. Failures are

@@ -159,3 +159,24 @@ func (o *conntrackObserver) ConntrackCleared(f *family.Family, _ time.Duration, 
 	o.deleted += deleted
 	o.fam = f
 }
+
+// BenchmarkStaleFlows: the filters after one of a UDP Service's 20k endpoints went
+// (both lists were walked per endpoint before: 0.44 s here).
+func BenchmarkStaleFlows(b *testing.B) {
+	mk := func(skip int) *model.PortState {
+		ps := &model.PortState{ServicePort: &model.ServicePort{ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 53, Protocol: v1.ProtocolUDP}}
+		for i := range 20000 {
+			if i != skip {
+				a := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+				ps.Cluster = append(ps.Cluster, model.Endpoint{Addr: a, Port: 53, Ready: true, Serving: true})
+			}
+		}
+		return ps
+	}
+	old, cur := mk(-1), mk(7)
+	for b.Loop() {
+		if got := staleFlows(old, cur); len(got) != 1 || len(got[0].Keep) != 19999 {
+			b.Fatalf("filters %d", len(got))
+		}
+	}
+}
