@@ -93,8 +93,8 @@ type Backend struct {
 	// lowest port name wins, as in the nftables backend, whichever was written or
 	// removed last.
 	vsOwners map[ipvs.Key]map[model.ServicePortName]*virtual
-	members map[member]int
-	addrs   map[netip.Addr]int
+	members  map[member]int
+	addrs    map[netip.Addr]int
 	// have is what the backend believes the kernel holds; exact while synced.
 	have     map[ipvs.Key]*virtual
 	draining map[ipvs.Key]map[ipvs.Dest]bool
