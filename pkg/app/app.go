@@ -130,8 +130,8 @@ func localDetector(cfg *config.Config, f *family.Family, node *v1.Node) proxier.
 func familyCIDRs(f *family.Family, strs []string) []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range strs {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && f.ContainsPrefix(p) {
-			out = append(out, p.Masked())
+		if p, err := config.ParseCIDR(s); err == nil && f.ContainsPrefix(p) {
+			out = append(out, p)
 		}
 	}
 	return out

@@ -85,11 +85,11 @@ func cleanupKubeProxy(ctx context.Context, k nft.Kernel, scope ipvsScope) error 
 func parseExcludeCIDRs(cidrs []string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, c := range cidrs {
-		p, err := netip.ParsePrefix(c)
+		p, err := config.ParseCIDR(c)
 		if err != nil {
 			return nil, fmt.Errorf("--ipvs-exclude-cidrs: %w", err)
 		}
-		out = append(out, p.Masked())
+		out = append(out, p)
 	}
 	return out, nil
 }

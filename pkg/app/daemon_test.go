@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/dsproxy/dsproxy/pkg/config"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
 	"github.com/dsproxy/dsproxy/pkg/runner"
 )
 
@@ -56,5 +58,17 @@ func TestGateEnabled(t *testing.T) {
 	}
 	if !gateEnabled(&config.Config{}, "AllowServiceExternalIPs", true) {
 		t.Error("unset AllowServiceExternalIPs read as disabled")
+	}
+}
+
+// --cluster-cidr is read as kube-proxy reads it (and as the validation accepts
+// it): an IPv4 CIDR with leading zeros still detects local traffic.
+func TestLocalDetectorClusterCIDR(t *testing.T) {
+	cfg := &config.Config{DetectLocalMode: config.LocalModeClusterCIDR, ClusterCIDRs: []string{"010.244.0.0/16", "fd00:10:244::/56"}}
+	for f, want := range map[*family.Family]string{family.IPv4: "10.244.0.0/16", family.IPv6: "fd00:10:244::/56"} {
+		d := localDetector(cfg, f, nil)
+		if d.Mode != proxier.LocalModeClusterCIDR || len(d.CIDRs) != 1 || d.CIDRs[0].String() != want {
+			t.Errorf("%s: detector %+v, want ClusterCIDR %s", f, d, want)
+		}
 	}
 }

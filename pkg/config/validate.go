@@ -225,7 +225,7 @@ func (v *validator) clusterCIDRs(cidrs []string) {
 }
 
 func validCIDR(s string) bool {
-	_, _, err := netutils.ParseCIDRSloppy(s)
+	_, err := ParseCIDR(s)
 	return err == nil
 }
 

@@ -172,3 +172,31 @@ func TestValidateAfterParse(t *testing.T) {
 		t.Errorf("err = %v\nwant  %s", err, want)
 	}
 }
+
+// CIDRs are read as kube-proxy reads them (leading zeros are decimal), the same
+// way by the validation and by the daemon, and an IPv4-mapped one is refused.
+func TestParseCIDR(t *testing.T) {
+	good := map[string]string{
+		"10.244.0.0/16":     "10.244.0.0/16",
+		"010.244.0.0/16":    "10.244.0.0/16",
+		" 10.244.1.7/16 ":   "10.244.0.0/16",
+		"fd00:10:244::/56":  "fd00:10:244::/56",
+		"fd00:10:244::1/64": "fd00:10:244::/64",
+	}
+	for in, want := range good {
+		p, err := ParseCIDR(in)
+		if err != nil || p.String() != want {
+			t.Errorf("ParseCIDR(%q) = %v, %v; want %s", in, p, err, want)
+		}
+	}
+	for _, in := range []string{"::ffff:10.244.0.0/112", "10.244.0.0", "10.244.0.0/33", "fd00::/129", "x"} {
+		if p, err := ParseCIDR(in); err == nil {
+			t.Errorf("ParseCIDR(%q) = %v, want an error", in, p)
+		}
+	}
+	cfg := Default()
+	cfg.ClusterCIDRs = []string{"::ffff:10.244.0.0/112"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "clusterCIDR") {
+		t.Errorf("--cluster-cidr IPv4-mapped: Validate = %v, want a clusterCIDR error", err)
+	}
+}
