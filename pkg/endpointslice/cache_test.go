@@ -310,3 +310,22 @@ func TestParseConditionsAndHints(t *testing.T) {
 		}
 	}
 }
+
+// Endpoint addresses stored before v1.36's StrictIPCIDRValidation may have leading
+// zeros or an IPv4-mapped form: read as kube-proxy reads them, not dropped.
+func TestParseLegacyAddresses(t *testing.T) {
+	es := slice(family.IPv4, "a", 80)
+	es.Endpoints = []discovery.Endpoint{{Addresses: []string{"010.000.001.001"}}, {Addresses: []string{"::ffff:10.0.1.2"}}}
+	s, skips, err := Parse(family.IPv4, es, "")
+	if err != nil || len(skips) != 0 || len(s.Endpoints) != 2 {
+		t.Fatalf("Parse: %v, skips %v, %d endpoints", err, skips, len(s.Endpoints))
+	}
+	if a, b := s.Endpoints[0].Addr.String(), s.Endpoints[1].Addr.String(); a != "10.0.1.1" || b != "10.0.1.2" {
+		t.Errorf("endpoints %s, %s; want 10.0.1.1, 10.0.1.2", a, b)
+	}
+	es6 := slice(family.IPv6, "b", 80)
+	es6.Endpoints = []discovery.Endpoint{{Addresses: []string{"::ffff:10.0.1.2"}}}
+	if s, skips, _ := Parse(family.IPv6, es6, ""); s != nil && len(s.Endpoints) != 0 || len(skips) != 1 {
+		t.Errorf("an IPv4-mapped endpoint taken in an IPv6 slice: %+v, skips %v", s, skips)
+	}
+}

@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	netutils "k8s.io/utils/net"
 )
 
 // Family is the descriptor of one IP family. The two values, IPv4 and IPv6, are
@@ -156,12 +157,59 @@ func ForAddressType(t discovery.AddressType) *Family {
 	return nil
 }
 
-// ParseAddr parses s strictly as an address of this family: no zone, no IPv4-mapped
-// IPv6 form, no leading zeros (netip rejects those for IPv4).
+// ParseAddr parses s as an address of this family, the way ParseIP reads it.
 func (f *Family) ParseAddr(s string) (netip.Addr, bool) {
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Zone() != "" || a.Is4In6() || a.BitLen() != f.BitLen {
+	a, ok := ParseIP(s)
+	if !ok || a.BitLen() != f.BitLen {
 		return netip.Addr{}, false
 	}
 	return a, true
+}
+
+// ParseIP parses an address of an API object as kube-proxy reads it
+// (k8s.io/utils/net's sloppy parser): IPv4 octets with leading zeros are decimal
+// ("010.001.002.003" is 10.1.2.3), and an IPv4-mapped IPv6 address is the IPv4
+// address. The API server accepted those forms until v1.36's
+// StrictIPCIDRValidation, so stored objects may hold them. A zone is refused.
+func ParseIP(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		if a.Zone() != "" {
+			return netip.Addr{}, false
+		}
+		return a.Unmap(), true
+	}
+	ip := netutils.ParseIPSloppy(s)
+	if ip == nil {
+		return netip.Addr{}, false
+	}
+	a, ok := netip.AddrFromSlice(ip)
+	return a.Unmap(), ok
+}
+
+// ParseCIDR parses a CIDR of an API object (loadBalancerSourceRanges) as kube-proxy
+// reads it, like ParseIP: leading zeros are decimal, and an IPv4-mapped IPv6 CIDR
+// of at least 96 bits is the IPv4 CIDR. The result is masked.
+func ParseCIDR(s string) (netip.Prefix, bool) {
+	if p, err := netip.ParsePrefix(s); err == nil && !p.Addr().Is4In6() {
+		if p.Addr().Zone() != "" {
+			return netip.Prefix{}, false
+		}
+		return p.Masked(), true
+	}
+	ip, n, err := netutils.ParseCIDRSloppy(s)
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP)
+	ones, bits := n.Mask.Size()
+	if !ok || ip == nil {
+		return netip.Prefix{}, false
+	}
+	if bits == 128 && a.Is4In6() {
+		if ones < 96 {
+			return netip.Prefix{}, false
+		}
+		ones -= 96
+	}
+	return netip.PrefixFrom(a.Unmap(), ones).Masked(), true
 }

@@ -99,8 +99,8 @@ func clusterIPOf(f *family.Family, svc *v1.Service, obj string) (netip.Addr, *Sk
 		ips, field = []string{svc.Spec.ClusterIP}, "spec.clusterIP"
 	}
 	for i, s := range ips {
-		a, err := netip.ParseAddr(s)
-		if err != nil || a.Zone() != "" || a.Is4In6() {
+		a, ok := family.ParseIP(s)
+		if !ok {
 			return netip.Addr{}, skipf(obj, indexField(field, i, ""), "%q is not a valid IP address", s)
 		}
 		if f.Contains(a) {
@@ -138,8 +138,8 @@ func servicePort(base *ServicePort, nn types.NamespacedName, p *v1.ServicePort, 
 func familyAddrs(f *family.Family, strs []string, obj, field string, skips []*SkipError) ([]netip.Addr, []*SkipError) {
 	var out []netip.Addr
 	for i, s := range strs {
-		a, err := netip.ParseAddr(strings.TrimSpace(s))
-		if err != nil || a.Zone() != "" || a.Is4In6() {
+		a, ok := family.ParseIP(strings.TrimSpace(s))
+		if !ok {
 			skips = append(skips, skipf(obj, indexField(field, i, ""), "%q is not a valid IP address", s))
 			continue
 		}
@@ -173,8 +173,8 @@ func loadBalancerVIPs(f *family.Family, svc *v1.Service, obj string, skips []*Sk
 func sourceRanges(f *family.Family, svc *v1.Service, obj string, skips []*SkipError) ([]netip.Prefix, []*SkipError) {
 	var out []netip.Prefix
 	for i, s := range svc.Spec.LoadBalancerSourceRanges {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil || p.Addr().Zone() != "" || p.Addr().Is4In6() {
+		p, ok := family.ParseCIDR(strings.TrimSpace(s))
+		if !ok {
 			skips = append(skips, skipf(obj, indexField("spec.loadBalancerSourceRanges", i, ""), "%q is not a valid CIDR", s))
 			continue
 		}
@@ -184,7 +184,7 @@ func sourceRanges(f *family.Family, svc *v1.Service, obj string, skips []*SkipEr
 		if p.Bits() == 0 {
 			return nil, skips
 		}
-		out = append(out, p.Masked())
+		out = append(out, p)
 	}
 	slices.SortFunc(out, comparePrefix)
 	return slices.Compact(out), skips

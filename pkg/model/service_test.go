@@ -2,6 +2,7 @@ package model
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -260,5 +261,36 @@ func TestServicePortsNilAndNameless(t *testing.T) {
 	svc := svcFor(family.IPv4, func(s *v1.Service) { s.Name = "" })
 	if p, s := ServicePorts(family.IPv4, svc); p != nil || len(s) != 1 {
 		t.Fatalf("nameless Service: ports %v skips %v", p, s)
+	}
+}
+
+// Objects stored before v1.36's StrictIPCIDRValidation may spell addresses and
+// ranges with leading zeros or IPv4-mapped: they are read as kube-proxy reads
+// them. A source range read as invalid would leave the VIP open to every source.
+func TestServicePortsLegacyAddresses(t *testing.T) {
+	f := family.IPv4
+	svc := svcFor(f, func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.Ports[0].NodePort = 30080
+		s.Spec.ExternalIPs = []string{"010.001.002.003", "::ffff:1.2.3.5"}
+		s.Spec.LoadBalancerSourceRanges = []string{"010.0.0.0/8"}
+		s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "010.001.002.004"}}
+	})
+	ports, skips := ServicePorts(f, svc)
+	if len(ports) != 1 || len(skips) != 0 {
+		t.Fatalf("%d ports, skips %v", len(ports), skips)
+	}
+	sp := ports[0]
+	if want := []netip.Addr{netip.MustParseAddr("1.2.3.5"), netip.MustParseAddr("10.1.2.3")}; !slices.Equal(sp.ExternalIPs, want) {
+		t.Errorf("ExternalIPs %v, want %v", sp.ExternalIPs, want)
+	}
+	if want := []netip.Addr{netip.MustParseAddr("10.1.2.4")}; !slices.Equal(sp.LoadBalancerVIPs, want) {
+		t.Errorf("LoadBalancerVIPs %v, want %v", sp.LoadBalancerVIPs, want)
+	}
+	if want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}; !slices.Equal(sp.SourceRanges, want) {
+		t.Errorf("SourceRanges %v, want %v (an empty list lets every source in)", sp.SourceRanges, want)
+	}
+	if ports6, _ := ServicePorts(family.IPv6, svcFor(family.IPv6, func(s *v1.Service) { s.Spec.ExternalIPs = []string{"::ffff:1.2.3.5"} })); len(ports6) != 1 || len(ports6[0].ExternalIPs) != 0 {
+		t.Errorf("IPv6: an IPv4-mapped ExternalIP taken as IPv6: %v", ports6)
 	}
 }

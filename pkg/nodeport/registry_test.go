@@ -479,11 +479,16 @@ func TestHostileInput(t *testing.T) {
 			return svcDef{name: "ns/a", serves: this, ports: []v1.ServicePort{
 				tcp(math.MinInt32), tcp(math.MaxInt32), tcp(65535), tcp(1), port("tcp", 30000)}}.build(f)
 		}, 2, []serves{other}},
-		{"IPv4-mapped and zoned clusterIPs name no family", func(f *family.Family) *v1.Service {
+		{"zoned and invalid clusterIPs name no family", func(f *family.Family) *v1.Service {
 			s := svcDef{name: "ns/a", serves: this, via: "clusterIPs", ports: []v1.ServicePort{tcp(30000)}}.build(f)
-			s.Spec.ClusterIPs = []string{"::ffff:10.0.0.1", "fe80::1%eth0", "garbage", ""}
+			s.Spec.ClusterIPs = []string{"fe80::1%eth0", "garbage", ""}
 			return s
 		}, 1, []serves{this, other}},
+		{"an IPv4-mapped clusterIP is IPv4, as kube-proxy reads it", func(f *family.Family) *v1.Service {
+			s := svcDef{name: "ns/a", serves: this, via: "clusterIPs", ports: []v1.ServicePort{tcp(30000)}}.build(f)
+			s.Spec.ClusterIPs = []string{map[*family.Family]string{family.IPv4: "::ffff:10.0.0.1", family.IPv6: "fd00::1"}[f]}
+			return s
+		}, 1, []serves{other}},
 		{"repeated ipFamilies", func(f *family.Family) *v1.Service {
 			s := svcDef{name: "ns/a", serves: this, ports: []v1.ServicePort{tcp(30000)}}.build(f)
 			s.Spec.IPFamilies = []v1.IPFamily{f.IPFamily, f.IPFamily, "IPv5"}
