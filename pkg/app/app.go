@@ -96,6 +96,47 @@ func waitForNode(ctx context.Context, client *kubeclient.Client, name string, ti
 	}
 }
 
+// podCIDRsTimeout is how long, past the wait for the Node, the daemon waits for
+// the Node's PodCIDRs with --detect-local-mode=NodeCIDR before giving up, as
+// kube-proxy v1.36 does.
+const podCIDRsTimeout = 5 * time.Minute
+
+// waitForPodCIDRs polls get every poll until the Node has PodCIDRs, for up to
+// timeout. Without them NodeCIDR mode cannot tell local traffic, so, as kube-proxy,
+// the daemon then fails to start (and its pod restarts) rather than serve without.
+func waitForPodCIDRs(ctx context.Context, get func(context.Context) (*v1.Node, error), timeout, poll time.Duration) (*v1.Node, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var node *v1.Node
+	for {
+		if n, err := get(ctx); err == nil {
+			node = n
+			if len(podCIDRs(n)) > 0 {
+				return n, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if node == nil {
+				return nil, fmt.Errorf("--detect-local-mode=NodeCIDR: timed out after %v waiting for the Node object to exist", timeout)
+			}
+			return nil, fmt.Errorf("--detect-local-mode=NodeCIDR: timed out after %v waiting for PodCIDR allocation on node %q", timeout, node.Name)
+		case <-time.After(poll):
+		}
+	}
+}
+
+// podCIDRs are the Node's spec.podCIDRs, or its older spec.podCIDR.
+func podCIDRs(node *v1.Node) []string {
+	if node == nil {
+		return nil
+	}
+	if len(node.Spec.PodCIDRs) == 0 && node.Spec.PodCIDR != "" {
+		return []string{node.Spec.PodCIDR}
+	}
+	return node.Spec.PodCIDRs
+}
+
 // localDetector derives one family's local-traffic detection from the
 // configuration, as kube-proxy does; a mode that cannot work for the family falls
 // back to none with a log line saying why.
@@ -106,14 +147,8 @@ func localDetector(cfg *config.Config, f *family.Family, node *v1.Node) proxier.
 			return proxier.LocalDetector{Mode: proxier.LocalModeClusterCIDR, CIDRs: cidrs}
 		}
 	case config.LocalModeNodeCIDR:
-		if node != nil {
-			cidrs := node.Spec.PodCIDRs
-			if len(cidrs) == 0 && node.Spec.PodCIDR != "" {
-				cidrs = []string{node.Spec.PodCIDR}
-			}
-			if c := familyCIDRs(f, cidrs); len(c) > 0 {
-				return proxier.LocalDetector{Mode: proxier.LocalModeNodeCIDR, CIDRs: c}
-			}
+		if c := familyCIDRs(f, podCIDRs(node)); len(c) > 0 {
+			return proxier.LocalDetector{Mode: proxier.LocalModeNodeCIDR, CIDRs: c}
 		}
 	case config.LocalModeBridgeInterface:
 		return proxier.LocalDetector{Mode: proxier.LocalModeBridgeInterface, Interface: cfg.DetectLocal.BridgeInterface}

@@ -110,6 +110,13 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 		OnListenError: d.events.healthCheckFailed})
 	d.local = newLocalState(d.metrics, d.svcHC)
 	node := waitForNode(ctx, client, name, 30*time.Second)
+	if cfg.DetectLocalMode == config.LocalModeNodeCIDR && len(podCIDRs(node)) == 0 {
+		klog.InfoS("Waiting for the node's PodCIDRs (--detect-local-mode=NodeCIDR)", "node", name, "timeout", podCIDRsTimeout)
+		get := func(ctx context.Context) (*v1.Node, error) { return client.Node(ctx, name) }
+		if node, err = waitForPodCIDRs(ctx, get, podCIDRsTimeout, time.Second); err != nil {
+			return nil, err
+		}
+	}
 	d.health.SetNode(node)
 	ips, err := nodeip.NodeIPs(node, spec, nodeip.Options{Mode: nodeip.NoCloud, Interfaces: nodeip.HostInterfaces{}})
 	if err != nil {
@@ -393,12 +400,14 @@ func (h *handler) OnServiceDelete(s *v1.Service) {
 func (h *handler) OnNodeAdd(n *v1.Node) {
 	h.d.health.SetNode(n)
 	h.followNodeIPs(n)
+	h.followPodCIDRs(n)
 	h.MetaProxier.OnNodeAdd(n)
 }
 
 func (h *handler) OnNodeUpdate(old, cur *v1.Node) {
 	h.d.health.SetNode(cur)
 	h.followNodeIPs(cur)
+	h.followPodCIDRs(cur)
 	h.MetaProxier.OnNodeUpdate(old, cur)
 }
 
@@ -441,6 +450,21 @@ func (h *handler) followNodeIPs(n *v1.Node) {
 	for f, p := range h.d.proxiers {
 		if ip := ips.For(f); ip.IsValid() {
 			p.SetNodeIP(ip)
+		}
+	}
+}
+
+// followPodCIDRs, with --detect-local-mode=NodeCIDR, gives each family the local
+// detection of the Node's current PodCIDRs (the Node was deleted and registered
+// again with others): kube-proxy exits to pick them up; dsproxy reprograms in place,
+// as it follows node IPs. A Node without PodCIDRs of a family keeps the last ones.
+func (h *handler) followPodCIDRs(n *v1.Node) {
+	if h.d.cfg.DetectLocalMode != config.LocalModeNodeCIDR || n == nil || n.Name != h.d.nodeName {
+		return
+	}
+	for f, p := range h.d.proxiers {
+		if c := familyCIDRs(f, podCIDRs(n)); len(c) > 0 {
+			p.SetLocalDetector(proxier.LocalDetector{Mode: proxier.LocalModeNodeCIDR, CIDRs: c})
 		}
 	}
 }

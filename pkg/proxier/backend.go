@@ -94,6 +94,11 @@ type LocalDetector struct {
 	Interface string
 }
 
+// Equal reports whether two detectors tell local traffic the same way.
+func (d LocalDetector) Equal(o LocalDetector) bool {
+	return d.Mode == o.Mode && d.Interface == o.Interface && slices.Equal(d.CIDRs, o.CIDRs)
+}
+
 // NodeConfig holds one family's node-wide settings.
 type NodeConfig struct {
 	Family *family.Family
@@ -121,6 +126,5 @@ func (c *NodeConfig) Equal(o *NodeConfig) bool {
 		slices.Equal(c.NodePortAddresses.Loopback, o.NodePortAddresses.Loopback) &&
 		slices.Equal(c.ReservedNodePorts, o.ReservedNodePorts) &&
 		slices.Equal(c.ServiceCIDRs, o.ServiceCIDRs) &&
-		c.Local.Mode == o.Local.Mode && c.Local.Interface == o.Local.Interface &&
-		slices.Equal(c.Local.CIDRs, o.Local.CIDRs) && c.MasqueradeAll == o.MasqueradeAll
+		c.Local.Equal(o.Local) && c.MasqueradeAll == o.MasqueradeAll
 }

@@ -79,6 +79,7 @@ type Proxier struct {
 	mu           sync.Mutex // guards the inputs below, written by handlers
 	node         *v1.Node
 	nodeIP       netip.Addr
+	local        LocalDetector
 	serviceCIDRs []netip.Prefix
 	// triggers holds, per Service, the EndpointSlice trigger times
 	// (endpoints.kubernetes.io/last-change-trigger-time) of the changes not yet
@@ -117,6 +118,7 @@ func New(cfg Config) (*Proxier, error) {
 		services: model.NewServiceTracker(cfg.Family),
 		slices:   endpointslice.NewCache(cfg.Family),
 		nodeIP:   cfg.NodeIP,
+		local:    cfg.Local,
 		svcMap:   model.ServiceMap{},
 		epMap:    model.EndpointsMap{},
 		state:    model.NewState(),
@@ -325,6 +327,19 @@ func (p *Proxier) SetNodeIP(ip netip.Addr) {
 	}
 }
 
+// SetLocalDetector records a new local-traffic detection (the daemon follows the
+// Node's PodCIDRs with --detect-local-mode=NodeCIDR and calls this); a change
+// reprograms the node-wide rules.
+func (p *Proxier) SetLocalDetector(d LocalDetector) {
+	p.mu.Lock()
+	changed := !d.Equal(p.local)
+	p.local = d
+	p.mu.Unlock()
+	if changed {
+		p.runner.Trigger()
+	}
+}
+
 // OnServiceCIDRsChanged records this family's service CIDRs.
 func (p *Proxier) OnServiceCIDRsChanged(cidrs []netip.Prefix) {
 	p.mu.Lock()
@@ -401,7 +416,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 // nodeInputs snapshots the node-wide inputs recorded by the handlers.
 func (p *Proxier) nodeInputs() (model.NodeInfo, *NodeConfig, error) {
 	p.mu.Lock()
-	node, nodeIP, cidrs := p.node, p.nodeIP, p.serviceCIDRs
+	node, nodeIP, cidrs, local := p.node, p.nodeIP, p.serviceCIDRs, p.local
 	p.mu.Unlock()
 	addrs, err := p.cfg.NodePortSpec.Resolve(p.cfg.Addrs, nodeIP)
 	if err != nil {
@@ -412,7 +427,7 @@ func (p *Proxier) nodeInputs() (model.NodeInfo, *NodeConfig, error) {
 		NodeIP:            nodeIP,
 		NodePortAddresses: addrs,
 		ServiceCIDRs:      cidrs,
-		Local:             p.cfg.Local,
+		Local:             local,
 		MasqueradeAll:     p.cfg.MasqueradeAll,
 	}
 	if p.cfg.NodePorts != nil {

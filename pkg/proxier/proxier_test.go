@@ -358,3 +358,30 @@ func TestLocalStateHooks(t *testing.T) {
 		p.OnServiceAdd(svc)
 	})
 }
+
+// A new local-traffic detection reaches the backend as a node change; the same
+// one again syncs nothing.
+func TestSetLocalDetector(t *testing.T) {
+	f := family.IPv6
+	p, b := newTestProxier(t, f, nil)
+	ctx := context.Background()
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	d := LocalDetector{Mode: LocalModeNodeCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:10:244:1::/64")}}
+	p.SetLocalDetector(d)
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if r := b.last(t); !r.NodeChanged || !r.Node.Local.Equal(d) {
+		t.Fatalf("detector not passed on: NodeChanged %v, Local %+v", r.NodeChanged, r.Node.Local)
+	}
+	n := len(b.reqs)
+	p.SetLocalDetector(LocalDetector{Mode: LocalModeNodeCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:10:244:1::/64")}})
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.reqs) != n {
+		t.Fatalf("the same detector again made a backend sync: %+v", b.last(t))
+	}
+}
