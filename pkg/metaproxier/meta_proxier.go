@@ -43,6 +43,7 @@ type member struct {
 
 	mu       sync.Mutex
 	running  bool
+	stopped  bool // Run has returned at least once
 	restarts int
 	runErr   error
 }
@@ -121,9 +122,14 @@ func (mb *member) health() FamilyStatus {
 	mb.call("Health", func(fp FamilyProxier) { st.Proxier = fp.Health() })
 	mb.mu.Lock()
 	st.Running, st.Restarts, st.RunError = mb.running, mb.restarts, mb.runErr
+	started := mb.running || mb.stopped
 	mb.mu.Unlock()
 	st.HandlerPanics = mb.panics.Load()
-	st.Healthy = st.Proxier.Healthy && st.Running
+	// Before its first Run (the informers still listing) a family is as healthy
+	// as its proxier says, as kube-proxy's is while its caches sync: its first
+	// sync is queued from the start and times out like any change. Once started,
+	// a family that is not running (between restarts) is unhealthy.
+	st.Healthy = st.Proxier.Healthy && (st.Running || !started)
 	return st
 }
 

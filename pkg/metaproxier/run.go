@@ -94,6 +94,7 @@ func (mb *member) setStopped(err error) {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
 	mb.running = false
+	mb.stopped = true
 	if err != nil {
 		mb.runErr = err
 	}

@@ -166,8 +166,10 @@ func TestRunStopsOnCancel(t *testing.T) {
 func TestHealth(t *testing.T) {
 	m, recs := setup(t, family.IPv4, family.IPv6)
 	recs[family.IPv6].health = Health{Healthy: false, ConsecutiveFailures: 3, LastError: errors.New("EPERM")}
-	if h := m.Health(); h[family.IPv4].Healthy || h[family.IPv4].Running {
-		t.Errorf("IPv4 before Run: %+v", h[family.IPv4])
+	// Before the first Run (the informers listing) a family is as healthy as its
+	// proxier says, as kube-proxy's while its caches sync.
+	if h := m.Health(); !h[family.IPv4].Healthy || h[family.IPv4].Running || h[family.IPv6].Healthy {
+		t.Errorf("before Run: IPv4 %+v, IPv6 %+v", h[family.IPv4], h[family.IPv6])
 	}
 	_, stop := startRun(t, m)
 	eventually(t, "both families running", func() bool {
@@ -182,4 +184,8 @@ func TestHealth(t *testing.T) {
 		t.Errorf("IPv6 reporting failures: %+v", st)
 	}
 	stop()
+	// Once it has run, a family that is not running is unhealthy.
+	if st := m.Health()[family.IPv4]; st.Healthy || st.Running {
+		t.Errorf("IPv4 after Run returned: %+v", st)
+	}
 }

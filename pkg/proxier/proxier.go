@@ -125,6 +125,10 @@ func New(cfg Config) (*Proxier, error) {
 	}
 	p.services.NoExternalIPs = cfg.NoExternalIPs
 	p.runner = runner.New(cfg.Family.Name, p.sync, cfg.Runner)
+	// The first sync is queued from the start, as kube-proxy queues one when its
+	// sync loop starts: a family whose first sync does not come within the health
+	// timeout (its caches never synced) reports unhealthy.
+	p.runner.Trigger()
 	if cfg.NodePorts != nil {
 		cfg.NodePorts.OnChange(func(f *family.Family) {
 			if f == cfg.Family {

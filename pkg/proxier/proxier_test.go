@@ -385,3 +385,30 @@ func TestSetLocalDetector(t *testing.T) {
 		t.Fatalf("the same detector again made a backend sync: %+v", b.last(t))
 	}
 }
+
+// The first sync is queued from the start: a proxier whose sync loop never ran
+// (its caches never synced) turns unhealthy once the health timeout passes, as
+// kube-proxy's does, and healthy again once it has synced.
+func TestFirstSyncQueuedAtStart(t *testing.T) {
+	p, err := New(Config{Family: family.IPv4, NodeName: "node-a", Backend: &recordingBackend{}, HealthTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := p.Health(); !h.Healthy || h.LastQueued.IsZero() {
+		t.Fatalf("new proxier: %+v, want healthy with the first sync queued", h)
+	}
+	time.Sleep(60 * time.Millisecond)
+	if h := p.Health(); h.Healthy {
+		t.Fatalf("no sync within the health timeout: %+v, want unhealthy", h)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = p.Run(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for !p.Health().Healthy {
+		if time.Now().After(deadline) {
+			t.Fatalf("still unhealthy after the first sync: %+v", p.Health())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
