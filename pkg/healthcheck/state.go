@@ -37,9 +37,11 @@ func FromState(states ...*model.State) (services map[types.NamespacedName]uint16
 				set = map[netip.Addr]struct{}{}
 				addrs[nsn] = set
 			}
-			for i := range ps.Local {
-				if ep := &ps.Local[i]; ep.Ready && ep.Local {
-					set[ep.Addr] = struct{}{}
+			for _, list := range [][]model.Endpoint{ps.Local, ps.HealthLocal} {
+				for i := range list {
+					if ep := &list[i]; ep.Ready && ep.Local {
+						set[ep.Addr] = struct{}{}
+					}
 				}
 			}
 		}

@@ -60,3 +60,32 @@ func TestFromState(t *testing.T) {
 		t.Errorf("FromState() = %v, %v", services, endpoints)
 	}
 }
+
+// A load balancer with externalTrafficPolicy Local and no NodePorts
+// (allocateLoadBalancerNodePorts false) whose status names no VIP of the family
+// yet: its port uses no local endpoints, but the health check counts the ready
+// local ones all the same, as kube-proxy does.
+func TestFromStateNoExternalAddress(t *testing.T) {
+	sp := &model.ServicePort{
+		Name:                model.ServicePortName{NamespacedName: nn("lb"), Protocol: v1.ProtocolTCP},
+		Protocol:            v1.ProtocolTCP,
+		ClusterIP:           netip.MustParseAddr("10.96.0.9"),
+		Port:                80,
+		ExternalPolicyLocal: true,
+		HealthCheckNodePort: 31003,
+	}
+	remote := ep("10.1.0.9", 80, true)
+	remote.Local = false
+	eps := []model.Endpoint{ep("10.1.0.5", 80, true), ep("10.1.0.6", 80, false), remote}
+	for _, vip := range []bool{false, true} {
+		if vip {
+			sp.LoadBalancerVIPs = []netip.Addr{netip.MustParseAddr("203.0.113.9")}
+		}
+		st := model.NewState()
+		st.Ports[sp.Name] = &model.PortState{ServicePort: sp, Selection: model.Categorize(sp, eps, model.NodeInfo{})}
+		_, endpoints := FromState(st)
+		if endpoints[nn("lb")] != 1 {
+			t.Errorf("VIP %v: %d local endpoints counted, want 1 (the ready local one)", vip, endpoints[nn("lb")])
+		}
+	}
+}

@@ -34,7 +34,8 @@ func (p *PortState) Equal(o *PortState) bool {
 		return p == o
 	}
 	return p.ServicePort.Equal(o.ServicePort) && p.HasAny == o.HasAny &&
-		EndpointsEqual(p.Cluster, o.Cluster) && EndpointsEqual(p.Local, o.Local)
+		EndpointsEqual(p.Cluster, o.Cluster) && EndpointsEqual(p.Local, o.Local) &&
+		EndpointsEqual(p.HealthLocal, o.HealthLocal)
 }
 
 // State is the desired state of one family: every service port with its chosen

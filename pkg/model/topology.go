@@ -33,6 +33,13 @@ type Selection struct {
 	// HasAny is true when some endpoint anywhere could serve the port; a port with
 	// traffic policy Local and no local endpoint then drops rather than rejects.
 	HasAny bool
+	// HealthLocal are the ready local endpoints of a port that has a health check
+	// node port but uses no local endpoints in this family (no NodePort or external
+	// address of the family: a load balancer without NodePorts before its status
+	// names a VIP, or whose VIPs are of the other family): the health check counts
+	// them, as kube-proxy counts every ready local endpoint of the Service. Nil
+	// otherwise; Local holds them.
+	HealthLocal []Endpoint
 }
 
 // Categorize chooses the endpoints of sp that this node sends traffic to. It is a pure
@@ -60,6 +67,9 @@ func Categorize(sp *ServicePort, eps []Endpoint, node NodeInfo) Selection {
 		sel.HasAny = len(sel.Cluster) > 0
 	}
 	if !sp.UsesLocalEndpoints() {
+		if sp.HealthCheckNodePort != 0 {
+			sel.HealthLocal = filter(eps, func(e *Endpoint) bool { return e.Local && e.Ready })
+		}
 		return sel
 	}
 	sel.Local = filter(eps, func(e *Endpoint) bool { return e.Local && e.Ready })
