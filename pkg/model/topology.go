@@ -94,7 +94,8 @@ const (
 
 // topologyMode decides which hints to honour. Hints are honoured only when every
 // ready endpoint carries them and at least one matches this node or zone; otherwise
-// following them could starve this node of endpoints.
+// following them could starve this node of endpoints. As in kube-proxy, a node
+// without a zone label is in zone "": a hint for zone "" matches it.
 func topologyMode(eps []Endpoint, node NodeInfo) topology {
 	anyReady, allNode, forNode, allZone, forZone := false, true, false, true, false
 	for i := range eps {
@@ -110,7 +111,7 @@ func topologyMode(eps []Endpoint, node NodeInfo) topology {
 		}
 		if len(e.ZoneHints()) == 0 {
 			allZone = false
-		} else if node.Zone != "" && slices.Contains(e.ZoneHints(), node.Zone) {
+		} else if slices.Contains(e.ZoneHints(), node.Zone) {
 			forZone = true
 		}
 	}

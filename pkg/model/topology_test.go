@@ -129,3 +129,25 @@ func TestFilterSharesWhenAllKept(t *testing.T) {
 		t.Fatalf("filter result %v", out)
 	}
 }
+
+// A node without a zone label is in zone "", as in kube-proxy: hints for zone ""
+// (only a third-party controller writes those) select it; others are ignored.
+func TestCategorizeNodeWithoutZone(t *testing.T) {
+	f := family.IPv4
+	node := NodeInfo{Name: "node-a"}
+	for _, tc := range []struct {
+		eps     []ep
+		cluster string
+	}{
+		{[]ep{{1, "RS", []string{""}, nil}, {2, "RS", []string{"zone-b"}, nil}}, "1"},
+		{[]ep{{1, "RS", []string{"zone-a"}, nil}, {2, "RS", []string{"zone-b"}, nil}}, "1,2"},
+	} {
+		var eps []Endpoint
+		for _, e := range tc.eps {
+			eps = append(eps, e.build(f))
+		}
+		if got := ids(f, Categorize(&ServicePort{}, eps, node).Cluster); got != tc.cluster {
+			t.Errorf("%v: cluster = %s, want %s", tc.eps, got, tc.cluster)
+		}
+	}
+}

@@ -298,16 +298,10 @@ func (p *Proxier) OnNodeAdd(node *v1.Node) { p.onNode(node) }
 // OnNodeUpdate records a change of this node's object.
 func (p *Proxier) OnNodeUpdate(_, cur *v1.Node) { p.onNode(cur) }
 
-// OnNodeDelete forgets this node's object.
-func (p *Proxier) OnNodeDelete(node *v1.Node) {
-	if node == nil || node.Name != p.cfg.NodeName {
-		return
-	}
-	p.mu.Lock()
-	p.node = nil
-	p.mu.Unlock()
-	p.runner.Trigger()
-}
+// OnNodeDelete keeps the last Node object's labels, as kube-proxy does: the
+// node's zone still chooses endpoints while its Node is gone (re-registered, or
+// the node going away), rather than every Service spreading over all zones.
+func (p *Proxier) OnNodeDelete(*v1.Node) {}
 
 func (p *Proxier) onNode(node *v1.Node) {
 	if node == nil || node.Name != p.cfg.NodeName {

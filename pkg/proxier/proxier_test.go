@@ -412,3 +412,31 @@ func TestFirstSyncQueuedAtStart(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Deleting the Node keeps its zone for the endpoint choice, as in kube-proxy.
+func TestNodeDeleteKeepsZone(t *testing.T) {
+	f := family.IPv4
+	p, b := newTestProxier(t, f, nil)
+	ctx := context.Background()
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "zone-a"}}}
+	p.OnNodeAdd(node)
+	p.OnServiceAdd(service(f, "web", f))
+	es := endpointSlice(f, "web", 1, 2)
+	es.Endpoints[0].Hints = &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: "zone-a"}}}
+	es.Endpoints[1].Hints = &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: "zone-b"}}}
+	p.OnEndpointSliceAdd(ingest(es))
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	name := b.last(t).Changed[0]
+	if n := len(p.State().Ports[name].Cluster); n != 1 {
+		t.Fatalf("zone hints not honoured: %d cluster endpoints", n)
+	}
+	p.OnNodeDelete(node)
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(p.State().Ports[name].Cluster); n != 1 {
+		t.Fatalf("after the Node's deletion: %d cluster endpoints, want the zone's 1", n)
+	}
+}
