@@ -354,7 +354,20 @@ func (x exprs) affinityRules(g group, r affinityRegs, comment string) []nft.Rule
 		&expr.Dynset{SrcRegKey: s, SrcRegData: ix, SetName: r.aff, Operation: nftDynsetOpDelete},
 		&expr.Dynset{SrcRegKey: s, SrcRegData: ix, SetName: r.aff, Operation: unix.NFT_DYNSET_OP_ADD, Timeout: timeout},
 		x.dnat(rd))
-	return []nft.Rule{{Exprs: hit, Comment: comment + " affinity hit"}, {Exprs: pick, Comment: comment + " affinity pick"}}
+
+	// A full @affinity (its size bounds kernel memory) breaks the pick rule at
+	// its add, before the DNAT: the client then gets an endpoint without
+	// stickiness, as from kube-proxy's full affinity sets, not no DNAT at all.
+	full := r.key(d)
+	if r.masq {
+		full = append(full, setMasqMark(rd)...)
+	}
+	full = append(full,
+		&expr.Numgen{Register: ix, Modulus: g.n, Type: unix.NFT_NG_RANDOM, Offset: kinds[g.kind].offset()},
+		lookupMap(r.eps, d, rd),
+		x.dnat(rd))
+	return []nft.Rule{{Exprs: hit, Comment: comment + " affinity hit"}, {Exprs: pick, Comment: comment + " affinity pick"},
+		{Exprs: full, Comment: comment + " affinity full"}}
 }
 
 func (x exprs) masqueradingRules() []nft.Rule {

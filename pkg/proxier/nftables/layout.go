@@ -257,8 +257,9 @@ func newSetTypes(f *family.Family) setTypes {
 	}
 }
 
-// affinitySize bounds the kernel memory of the ClientIP affinity map.
-const affinitySize = 65535
+// affinitySize bounds the kernel memory of each ClientIP affinity map (the
+// kernel's default for a set filled from the packet path); a var for tests.
+var affinitySize uint32 = 65535
 
 // setDef returns the definition of the set k in family types t.
 func (t setTypes) setDef(k setKey) *nft.Set {

@@ -527,3 +527,38 @@ func TestSlotsKeptOnlyOutOfOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestAffinityMapFull: once @affinity is full, a new client still gets an
+// endpoint (without stickiness), where the add breaking the pick rule left its
+// packet without DNAT (a ClusterIP connection was then refused).
+func TestAffinityMapFull(t *testing.T) {
+	defer func(n uint32) { affinitySize = n }(affinitySize)
+	affinitySize = 2
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t, f)
+			twoRemote(affinity(60))(e)
+			e.sync(true)
+			for _, tc := range []struct {
+				name string
+				to   func(src int) nft.Packet
+			}{
+				{"clusterIP", func(src int) nft.Packet { return to(fromPod(src), cip(f, 10, 80), tcp)(f) }},
+				{"nodePort", func(src int) nft.Packet { return to(fromPod(src), nodeAP(f, 30080), tcp)(f) }},
+			} {
+				for src := 5; src < 9; src++ {
+					res, err := e.fake.Trace(e.tnode(), tc.to(src))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !res.DNAT.IsValid() {
+						t.Fatalf("%s, client %d of 4 (map of 2): no DNAT\n%s", tc.name, src-4, strings.Join(res.Trace, "\n"))
+					}
+					if tr := strings.Join(res.Trace, "\n"); src >= 7 && !strings.Contains(tr, "affinity full\" => dnat") {
+						t.Errorf("%s, client %d: not DNATed by the full-map rule:\n%s", tc.name, src-4, tr)
+					}
+				}
+			}
+		})
+	}
+}
