@@ -103,6 +103,9 @@ func elementMessageType(keysOnly bool) (uint16, netlink.HeaderFlags) {
 func elementPayloadSize(table, set string, elems []Element, keysOnly bool) (size, list int) {
 	for _, e := range elems {
 		list += nlaHeaderLen + valueLen(e.Key)
+		if !keysOnly && e.Timeout > 0 {
+			list += nlaHeaderLen + 8
+		}
 		if !keysOnly && len(e.Data) > 0 {
 			list += valueLen(e.Data)
 		}
@@ -124,9 +127,16 @@ func appendElementPayload(b []byte, fam nftables.TableFamily, table, set string,
 		if withData {
 			item += valueLen(e.Data)
 		}
+		withTimeout := !keysOnly && e.Timeout > 0
+		if withTimeout {
+			item += nlaHeaderLen + 8
+		}
 		b = appendAttrHeader(b, item, uint16(i+1)|unix.NLA_F_NESTED)
 		b = appendAttrHeader(b, valueLen(e.Key)-nlaHeaderLen, unix.NFTA_SET_ELEM_KEY|unix.NLA_F_NESTED)
 		b = appendAttr(b, unix.NFTA_DATA_VALUE, e.Key)
+		if withTimeout { // as google/nftables orders it: after the key, before the data
+			b = appendAttr(b, unix.NFTA_SET_ELEM_TIMEOUT, binary.BigEndian.AppendUint64(nil, uint64(e.Timeout.Milliseconds())))
+		}
 		if withData {
 			b = appendAttrHeader(b, valueLen(e.Data)-nlaHeaderLen, unix.NFTA_SET_ELEM_DATA|unix.NLA_F_NESTED)
 			b = appendAttr(b, unix.NFTA_DATA_VALUE, e.Data)

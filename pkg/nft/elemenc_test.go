@@ -3,6 +3,7 @@ package nft
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 )
@@ -18,6 +19,7 @@ func TestElementEncoding(t *testing.T) {
 		{Key: []byte{10, 96, 0, 2, 17, 0, 0, 0, 0, 53, 0, 0, 0, 0, 0, 0}, Data: []byte{10, 64, 0, 2, 0, 53, 0, 0}},
 		{Key: []byte{1, 2, 3}, Data: []byte{4, 5}}, // unaligned
 		{Key: []byte{10, 96, 0, 3}},
+		{Key: []byte{10, 0, 0, 9, 10, 96, 0, 4}, Data: []byte{2, 0, 0, 0}, Timeout: 10799500 * time.Millisecond}, // an affinity entry carried over
 	}
 	for _, keysOnly := range []bool{false, true} {
 		c, err := nftables.New()
@@ -25,12 +27,12 @@ func TestElementEncoding(t *testing.T) {
 			t.Fatal(err)
 		}
 		tbl := &nftables.Table{Name: "dsproxy", Family: nftables.TableFamilyIPv4}
-		s := &nftables.Set{Table: tbl, Name: "endpoints"}
+		s := &nftables.Set{Table: tbl, Name: "endpoints", HasTimeout: true}
 		var ses []nftables.SetElement
 		for _, e := range elems {
 			se := nftables.SetElement{Key: e.Key}
 			if !keysOnly {
-				se.Val = e.Data
+				se.Val, se.Timeout = e.Data, e.Timeout
 			}
 			ses = append(ses, se)
 		}

@@ -400,6 +400,9 @@ func checkElement(t *fTable, s *Set, e Element) error {
 	if len(e.Key) != int(s.KeyType.Bytes) {
 		return fmt.Errorf("key %s: length %d, set key is %d bytes: %w", hexb(e.Key), len(e.Key), s.KeyType.Bytes, syscall.EINVAL)
 	}
+	if e.Timeout != 0 && !s.Timeout {
+		return fmt.Errorf("element %s with a timeout in a set without timeouts: %w", hexb(e.Key), syscall.EINVAL)
+	}
 	switch {
 	case !s.IsMap:
 		if e.Data != nil || e.Verdict != nil {
@@ -444,7 +447,10 @@ func sameData(a, b Element) bool {
 }
 
 func cloneElement(e Element) Element {
-	c := Element{Key: bytes.Clone(e.Key), Data: bytes.Clone(e.Data)}
+	c := Element{Key: bytes.Clone(e.Key), Data: bytes.Clone(e.Data), Timeout: e.Timeout, Expires: e.Expires}
+	if c.Expires == 0 {
+		c.Expires = c.Timeout // the fake's clock does not run
+	}
 	if e.Verdict != nil {
 		v := *e.Verdict
 		c.Verdict = &v

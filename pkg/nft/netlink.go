@@ -308,7 +308,7 @@ func (n *Netlink) elements(t *nftables.Table, op Op) error {
 		}
 		return nil
 	}
-	s := &nftables.Set{Table: t, Name: op.SetName}
+	s := &nftables.Set{Table: t, Name: op.SetName, HasTimeout: slices.ContainsFunc(op.Elements, func(e Element) bool { return e.Timeout > 0 })}
 	queue := func(chunk []nftables.SetElement) error {
 		if keysOnly {
 			return n.conn.SetDeleteElements(s, chunk)
@@ -320,7 +320,7 @@ func (n *Netlink) elements(t *nftables.Table, op Op) error {
 	for _, e := range op.Elements {
 		se := nftables.SetElement{Key: e.Key}
 		if !keysOnly {
-			se.Val, se.VerdictData = e.Data, e.Verdict
+			se.Val, se.VerdictData, se.Timeout = e.Data, e.Verdict, e.Timeout
 		}
 		sz := encodedElementSize(se)
 		if len(buf) > 0 && size+sz > maxElementBytes {
@@ -346,7 +346,7 @@ func (n *Netlink) elements(t *nftables.Table, op Op) error {
 func elementsFitting(elems []Element, keysOnly bool) int {
 	k, size := 0, 0
 	for ; k < len(elems); k++ {
-		sz := encodedElementSize(nftables.SetElement{Key: elems[k].Key, Val: elems[k].Data})
+		sz := encodedElementSize(nftables.SetElement{Key: elems[k].Key, Val: elems[k].Data, Timeout: elems[k].Timeout})
 		if keysOnly {
 			sz = encodedElementSize(nftables.SetElement{Key: elems[k].Key})
 		}
@@ -364,6 +364,9 @@ func align4(n int) int { return (n + 3) &^ 3 }
 // makes it: a list item holding a nested key (and data or verdict) value.
 func encodedElementSize(e nftables.SetElement) int {
 	n := 4 + 4 + 4 + align4(len(e.Key)) // item, NFTA_SET_ELEM_KEY, NFTA_DATA_VALUE
+	if e.Timeout > 0 {
+		n += 4 + 8 // NFTA_SET_ELEM_TIMEOUT
+	}
 	switch {
 	case e.VerdictData != nil:
 		n += 4 + 4 + 4 + 4 + 8 + 4 + align4(len(e.VerdictData.Chain)+1)
@@ -490,6 +493,7 @@ func (n *Netlink) listElements(f *family.Family, table, set string) ([]Element, 
 		case s.IsMap:
 			el.Data = e.Val
 		}
+		el.Timeout, el.Expires = e.Timeout, e.Expires
 		out = append(out, el)
 	}
 	slices.SortFunc(out, func(a, b Element) int { return strings.Compare(string(a.Key), string(b.Key)) })

@@ -345,3 +345,54 @@ func elementsDiff(got, want []Element) string {
 	}
 	return ""
 }
+
+// TestNetlinkElementTimeouts: elements added with a timeout to a map with
+// timeouts (an affinity map carried into a rebuilt table) live that long: the
+// kernel lists them with their timeout and the life they have left.
+func TestNetlinkElementTimeouts(t *testing.T) {
+	for _, fam := range family.All {
+		t.Run(fam.Name, func(t *testing.T) {
+			nl := newTestNetlink(t)
+			tx := NewTx(fam)
+			tx.AddTable(testTable)
+			key := nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
+			if fam == family.IPv6 {
+				key = nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetService)
+			}
+			tx.AddSet(testTable, &Set{Name: "aff", IsMap: true, Concat: true, KeyType: key, DataType: nftables.TypeMark,
+				Timeout: true, Dynamic: true, Size: 65535})
+			addr := netip.MustParseAddr("10.0.0.9")
+			if fam == family.IPv6 {
+				addr = netip.MustParseAddr("fd00::9")
+			}
+			want := []Element{
+				{Key: Concat(AddrBytes(addr), PortBytes(80)), Data: IndexBytes(2), Timeout: 90 * time.Minute},
+				{Key: Concat(AddrBytes(addr), PortBytes(81)), Data: IndexBytes(0), Timeout: 1500 * time.Millisecond},
+			}
+			tx.AddElements(testTable, "aff", want)
+			if err := nl.Apply(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			got, err := nl.ListElements(ctx, fam, testTable, "aff")
+			if err != nil {
+				t.Fatal(err)
+			}
+			slices.SortFunc(got, func(a, b Element) int { return bytes.Compare(a.Key, b.Key) })
+			if len(got) != 2 {
+				t.Fatalf("listed %d elements, want 2", len(got))
+			}
+			for i, e := range got {
+				if !bytes.Equal(e.Key, want[i].Key) || !bytes.Equal(e.Data, want[i].Data) || e.Timeout != want[i].Timeout ||
+					e.Expires <= 0 || e.Expires > want[i].Timeout {
+					t.Errorf("element %d: %x : %x timeout %v expires %v, want %x : %x timeout %v, expiring within it",
+						i, e.Key, e.Data, e.Timeout, e.Expires, want[i].Key, want[i].Data, want[i].Timeout)
+				}
+			}
+			// The short one expires.
+			time.Sleep(2 * time.Second)
+			if got, err = nl.ListElements(ctx, fam, testTable, "aff"); err != nil || len(got) != 1 || !bytes.Equal(got[0].Key, want[0].Key) {
+				t.Errorf("after 2 s: %d elements (%v), want only the 90-minute one", len(got), err)
+			}
+		})
+	}
+}

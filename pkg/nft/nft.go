@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"syscall"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -57,6 +58,12 @@ type Element struct {
 	Key     []byte
 	Data    []byte
 	Verdict *expr.Verdict
+	// Timeout, in a set with timeouts, is how long an added element lives (0: no
+	// timeout of its own); ListElements returns it as the kernel reports it.
+	// Millisecond resolution.
+	Timeout time.Duration
+	// Expires is the life an element has left (ListElements only).
+	Expires time.Duration
 }
 
 // OpKind is the kind of one transaction operation.

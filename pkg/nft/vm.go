@@ -462,7 +462,7 @@ func (m *vm) dynset(e *expr.Dynset) error {
 	// timeout, which the tracer does not model) and fail (break) on a full set.
 	ok = exists || s.def.Size == 0 || uint32(len(s.elems)) < s.def.Size
 	if ok && !exists {
-		m.writable(e.SetName, s).elems[string(key)] = Element{Key: bytes.Clone(key), Data: bytes.Clone(data)}
+		m.writable(e.SetName, s).elems[string(key)] = Element{Key: bytes.Clone(key), Data: bytes.Clone(data), Timeout: e.Timeout, Expires: e.Timeout}
 	}
 	if ok == e.Invert {
 		m.brk()
