@@ -84,10 +84,14 @@ package nftables
 //	  # (nft before 1.1 can't list a lookup keyed by another lookup's result): save the
 //	  # mark, set it to the id, load it back as the verdict map key, restore the mark.
 //	  # A frontend not in the map ends the rule before the mark is touched.
-//	  # With affinity T, a group chain has two rules. Hit: the index of saddr . key in
-//	  # @affinity (passed through the packet mark the same way) completes the
+//	  # With affinity T, a group chain has three rules. Hit: the index of saddr . key
+//	  # in @affinity (passed through the packet mark the same way) completes the
 //	  # @endpoints key; update @affinity; dnat. Pick: numgen → index → ep via
 //	  # @endpoints, delete and add @affinity { saddr . key timeout T : index }, dnat.
+//	  # Full: when @affinity is full the add ends Pick, and this one picks as Pick
+//	  # without the add. A rebuild carries the entries (with the time they have left)
+//	  # into the new table and keeps each list's slots, so an index names the same
+//	  # endpoint there.
 //	  # <nodeport addr> is "fib daddr type local ip daddr & 255.0.0.0 != 127.0.0.0", or
 //	  # "ip daddr @nodeport-ips" when NodePort addresses are listed.
 //

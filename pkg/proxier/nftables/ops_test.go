@@ -562,3 +562,64 @@ func TestAffinityMapFull(t *testing.T) {
 		})
 	}
 }
+
+// TestAffinitySurvivesRebuild: a rebuild (the daemon's hourly full sync, and the
+// first sync after a restart) carries the ClientIP affinity entries into the new
+// table, with the endpoints' slots, so a client keeps its endpoint, as with
+// kube-proxy's affinity sets. The lists' slots after a restart are those of a
+// fresh build: a client whose list had been reordered may move.
+func TestAffinitySurvivesRebuild(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t, f)
+			e.b.opts.RebuildEvery = 1
+			web := e.put(svc(f, "web", 10, 80, tcp, affinity(10800), nodePort(30080)), ep(f, 1, 8080, false), ep(f, 2, 8080, false), ep(f, 3, 8080, false))
+			e.put(svc(f, "api", 11, 80, tcp, affinity(10800)), ep(f, 1, 8081, false), ep(f, 2, 8081, false))
+			e.sync(true)
+			client := func(name string, dst netip.AddrPort) nft.Packet { return to(fromPod(5), dst, tcp)(f) }
+			trace := func(what string, p nft.Packet) (netip.AddrPort, bool) {
+				t.Helper()
+				res, err := e.fake.Trace(e.tnode(), p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res.DNAT, strings.Contains(strings.Join(res.Trace, "\n"), "affinity hit\" => dnat")
+			}
+			webP, npP, apiP := client("web", cip(f, 10, 80)), client("np", nodeAP(f, 30080)), client("api", cip(f, 11, 80))
+			for _, p := range []nft.Packet{webP, npP, apiP} {
+				trace("pick", p)
+			}
+			// web's first endpoint goes: its last moves into slot 0, where the
+			// client's entry points, so the client is on pod 3 (list order 2, 3).
+			e.put(e.state.Ports[web].ServicePort, ep(f, 2, 8080, false), ep(f, 3, 8080, false))
+			e.sync(false, web)
+			for _, p := range []nft.Packet{webP, npP} {
+				if got, hit := trace("before", p); got != pod(f, 3, 8080) || !hit {
+					t.Fatalf("%v after the change: %v (hit %v), want pod 3 by affinity", p.Dst, got, hit)
+				}
+			}
+			before := e.b.Table()
+			e.sync(true) // a rebuild
+			if e.b.Table() == before {
+				t.Fatal("the full sync did not rebuild")
+			}
+			for _, c := range []struct {
+				p    nft.Packet
+				want netip.AddrPort
+			}{{webP, pod(f, 3, 8080)}, {npP, pod(f, 3, 8080)}, {apiP, pod(f, 1, 8081)}} {
+				if got, hit := trace("after", c.p); got != c.want || !hit {
+					t.Errorf("%v after a rebuild: %v (affinity hit %v), want %v by affinity", c.p.Dst, got, hit, c.want)
+				}
+			}
+			// A restart: a new backend rebuilds from the live table.
+			e.b = New(f, e.fake, Options{})
+			e.sync(true)
+			if got, hit := trace("restart", apiP); got != pod(f, 1, 8081) || !hit {
+				t.Errorf("api after a restart: %v (affinity hit %v), want pod 1 by affinity", got, hit)
+			}
+			if _, hit := trace("restart", webP); !hit {
+				t.Errorf("web after a restart: the client's entry was not carried")
+			}
+		})
+	}
+}

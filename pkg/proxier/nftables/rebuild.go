@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/google/nftables/expr"
+	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nft"
@@ -31,13 +33,29 @@ func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs
 		return res, err
 	}
 	target := otherTable(live)
+	carry := b.affinityEntries(ctx, live)
 	c := newCache(b.x)
-	c.fill(req)
+	c.fill(req, b.c)
 	p := c.drain(target, true)
 	p.chains = c.chainOps(target)
 	n, next := b.coldTxs(c, target, p)
 	for i := range n {
-		if err := b.apply(ctx, next(), &res); err != nil {
+		tx := next()
+		if i == n-1 && len(carry) > 0 {
+			// The clients' affinity moves with the swap. Should the kernel refuse
+			// an entry (a table of another version), the swap goes without them.
+			withCarry := *tx
+			withCarry.Ops = append(slices.Clip(tx.Ops), carry...)
+			var carried SyncResult
+			err := b.apply(ctx, &withCarry, &carried)
+			if err == nil {
+				res.Transactions += carried.Transactions
+				res.Operations += carried.Operations
+				continue
+			}
+			klog.InfoS("Rebuilt the nftables table without the ClientIP affinity entries of the old one", "ipFamily", b.f.Name, "err", err)
+		}
+		if err := b.apply(ctx, tx, &res); err != nil {
 			return res, fmt.Errorf("nftables %s: rebuild of table %s, transaction %d of %d: %w", b.f, target, i+1, n, err)
 		}
 	}
@@ -45,11 +63,48 @@ func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs
 	return res, nil
 }
 
+// affinityEntries returns, as additions to the other table, the ClientIP
+// affinity entries the live table holds, each with the life it has left, so a
+// rebuild (the hourly full sync, a restart) keeps every client on its endpoint, as
+// kube-proxy's affinity sets survive its syncs. An entry holds the index of the
+// client's endpoint in its frontend's list; the rebuild keeps every list's slots
+// (fill), so the index still names that endpoint. After a restart the slots of
+// lists that changed since the old process built its table are not known, and
+// such a client may move, as when its entry expires. Entries that do not fit the
+// new maps are left out; a table that cannot be read carries nothing.
+func (b *Backend) affinityEntries(ctx context.Context, live string) []nft.Op {
+	if live == "" {
+		return nil
+	}
+	var ops []nft.Op
+	for _, s := range []fixedSet{setAffinity, setNodePortAffinity} {
+		name := fixedSetNames[s]
+		def := newSetTypes(b.f).setDef(fixedKey(s))
+		els, err := b.k.ListElements(ctx, b.f, live, name)
+		if err != nil {
+			klog.V(2).InfoS("Not carrying ClientIP affinity into the rebuilt table", "ipFamily", b.f.Name, "set", name, "err", err)
+			continue
+		}
+		carry := els[:0]
+		for _, e := range els {
+			if len(e.Key) == int(def.KeyType.Bytes) && len(e.Data) == int(def.DataType.Bytes) && e.Expires >= time.Millisecond {
+				carry = append(carry, nft.Element{Key: e.Key, Data: e.Data, Timeout: e.Expires})
+			}
+		}
+		if len(carry) > 0 {
+			ops = append(ops, nft.Op{Kind: nft.OpAddElements, Table: otherTable(live), SetName: name, Elements: carry})
+		}
+	}
+	return ops
+}
+
 // fill loads req into a new cache: the node config, then every port in name order
-// (so owner ids and the element order are deterministic). It computes every port's
+// (so owner ids and the element order are deterministic). A port's endpoints keep
+// the slots they have in prev, the cache of the live table (nil: none), so the
+// ClientIP affinity entries carried over still name their endpoints. It computes every port's
 // contributions first and sizes each set's map and pending list from their counts,
 // so the maps never grow and rehash. The contributions are dropped once added.
-func (c *cache) fill(req *proxier.SyncRequest) {
+func (c *cache) fill(req *proxier.SyncRequest, prev *cache) {
 	c.fresh = true
 	c.setNode(req.Node)
 	names := make([]model.ServicePortName, 0, len(req.State.Ports))
@@ -68,6 +123,13 @@ func (c *cache) fill(req *proxier.SyncRequest) {
 		rec.id = c.nextID
 		c.nextID++
 		c.ports[n] = rec
+		// Only lists whose slots are not their endpoints' order, or that change
+		// now, need the old slots: the rest get the same ones afresh.
+		if prev != nil {
+			if pr := prev.ports[n]; pr != nil && (pr.slots[0] != nil || pr.slots[1] != nil || pr.ps != req.State.Ports[n]) {
+				rec.ps, rec.slots = pr.ps, pr.slots
+			}
+		}
 		contribs[i] = c.portContribs(req.State.Ports[n], rec)
 		for j := range contribs[i] {
 			if k := contribs[i][j].set; k != last || run == 0 {
