@@ -151,6 +151,24 @@ var proxierScenarios = []struct {
 			x.fatalf(t, "ClientIP affinity: 20 connections from one client reached %v, want one endpoint", seen)
 		}
 	}},
+	{"Affinity/ClientIP-survives-full-sync", func(t *testing.T, x *servicesFixture, f *family.Family, p Proto) {
+		// The daemon's hourly full sync (in nftables mode a rebuild of the table
+		// under its other name) keeps the client on its endpoint. The harness's
+		// nftables backend rebuilds at every 12th full sync (the daemon's at each).
+		first := x.expectServed(t, x.client, p, x.vip("sticky", f), x.client.IP(f), x.a, x.b, x.cc).Server
+		syncs := 1
+		if x.mode == modeNFTables {
+			syncs = 12
+		}
+		for range syncs {
+			x.syncFamily(f, true)
+		}
+		for range 10 {
+			if got := x.expectServed(t, x.client, p, x.vip("sticky", f), x.client.IP(f), x.a, x.b, x.cc).Server; got != first {
+				x.fatalf(t, "ClientIP affinity: the client reached %s after a full sync, %s before", got, first)
+			}
+		}
+	}},
 	{"NoEndpoints/ClusterIP-refused", func(t *testing.T, x *servicesFixture, f *family.Family, p Proto) {
 		x.expectRefused(t, x.client, p, x.vip("empty", f))
 		x.expectRefusedFromNode(t, p, x.vip("empty", f))
