@@ -1,6 +1,9 @@
 package family
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // Addresses and CIDRs of API objects are read as kube-proxy reads them: objects
 // stored before v1.36's StrictIPCIDRValidation may hold leading zeros and
@@ -19,12 +22,7 @@ func TestParseIPAndCIDR(t *testing.T) {
 		"10.1.2.3/32":      "",
 		"::ffff:010.1.2.3": "10.1.2.3",
 	}
-	for in, want := range ips {
-		a, ok := ParseIP(in)
-		if got := map[bool]string{true: a.String(), false: ""}[ok]; got != want {
-			t.Errorf("ParseIP(%q) = %q (%v), want %q", in, got, ok, want)
-		}
-	}
+	checkParse(t, "ParseIP", ips, func(s string) (fmt.Stringer, bool) { return ParseIP(s) })
 	if _, ok := IPv6.ParseAddr("::ffff:1.2.3.5"); ok {
 		t.Error("an IPv4-mapped address parsed as IPv6")
 	}
@@ -48,10 +46,20 @@ func TestParseIPAndCIDR(t *testing.T) {
 		"2001:db8::/129":       "",
 		"::ffff:192.0.2.7/128": "192.0.2.7/32",
 	}
-	for in, want := range cidrs {
-		p, ok := ParseCIDR(in)
-		if got := map[bool]string{true: p.String(), false: ""}[ok]; got != want {
-			t.Errorf("ParseCIDR(%q) = %q (%v), want %q", in, got, ok, want)
+	checkParse(t, "ParseCIDR", cidrs, func(s string) (fmt.Stringer, bool) { return ParseCIDR(s) })
+}
+
+// checkParse checks that parse reads each input as its want ("": refused).
+func checkParse(t *testing.T, name string, cases map[string]string, parse func(string) (fmt.Stringer, bool)) {
+	t.Helper()
+	for in, want := range cases {
+		v, ok := parse(in)
+		got := ""
+		if ok {
+			got = v.String()
+		}
+		if got != want {
+			t.Errorf("%s(%q) = %q (%v), want %q", name, in, got, ok, want)
 		}
 	}
 }

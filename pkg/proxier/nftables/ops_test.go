@@ -402,9 +402,7 @@ func TestAffinityKeepsMark(t *testing.T) {
 	const mark = 0x10001
 	for _, f := range family.All {
 		t.Run(f.Name, func(t *testing.T) {
-			e := newEnv(t, f)
-			twoRemote(affinity(60))(e)
-			e.sync(true)
+			e := twoRemoteSticky(t, f)
 			for _, tc := range []struct {
 				name string
 				p    nft.Packet
@@ -536,9 +534,7 @@ func TestAffinityMapFull(t *testing.T) {
 	affinitySize = 2
 	for _, f := range family.All {
 		t.Run(f.Name, func(t *testing.T) {
-			e := newEnv(t, f)
-			twoRemote(affinity(60))(e)
-			e.sync(true)
+			e := twoRemoteSticky(t, f)
 			for _, tc := range []struct {
 				name string
 				to   func(src int) nft.Packet
@@ -622,4 +618,13 @@ func TestAffinitySurvivesRebuild(t *testing.T) {
 			}
 		})
 	}
+}
+
+// twoRemoteSticky is an env holding twoRemote's Service with ClientIP affinity
+// (60 s), synced.
+func twoRemoteSticky(t *testing.T, f *family.Family) *env {
+	e := newEnv(t, f)
+	twoRemote(affinity(60))(e)
+	e.sync(true)
+	return e
 }
