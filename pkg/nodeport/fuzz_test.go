@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"maps"
 	"math"
-	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	netutils "k8s.io/utils/net"
 
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
@@ -91,7 +91,10 @@ func refServes(svc *v1.Service, f *family.Family) bool {
 		ips = []string{svc.Spec.ClusterIP}
 	}
 	for _, s := range ips {
-		if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" && !a.Is4In6() && a.BitLen() == f.BitLen {
+		// As kube-proxy reads a ClusterIP: k8s.io/utils/net's sloppy parser
+		// (leading zeros decimal, no zone), IPv4 when it has a 4-byte form
+		// (IPv4-mapped ones included).
+		if ip := netutils.ParseIPSloppy(s); ip != nil && (ip.To4() != nil) == (f.BitLen == 32) {
 			return true
 		}
 	}
