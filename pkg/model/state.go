@@ -35,7 +35,7 @@ func (p *PortState) Equal(o *PortState) bool {
 	}
 	return p.ServicePort.Equal(o.ServicePort) && p.HasAny == o.HasAny &&
 		EndpointsEqual(p.Cluster, o.Cluster) && EndpointsEqual(p.Local, o.Local) &&
-		EndpointsEqual(p.HealthLocal, o.HealthLocal)
+		EndpointsEqual(p.HealthLocal, o.HealthLocal) && EndpointsEqual(p.Serving, o.Serving)
 }
 
 // State is the desired state of one family: every service port with its chosen

@@ -40,6 +40,12 @@ type Selection struct {
 	// them, as kube-proxy counts every ready local endpoint of the Service. Nil
 	// otherwise; Local holds them.
 	HealthLocal []Endpoint
+	// Serving, for a UDP or SCTP port, are all its serving endpoints (ready, or
+	// terminating but still serving), whatever traffic policies and topology
+	// choose: the conntrack cleanup keeps flows DNATed to them, as kube-proxy's
+	// does, so a terminating endpoint's flows last while it serves. Nil for other
+	// protocols.
+	Serving []Endpoint
 }
 
 // Categorize chooses the endpoints of sp that this node sends traffic to. It is a pure
@@ -57,6 +63,9 @@ func Categorize(sp *ServicePort, eps []Endpoint, node NodeInfo) Selection {
 	var sel Selection
 	if len(eps) == 0 {
 		return sel
+	}
+	if sp.Protocol == v1.ProtocolUDP || sp.Protocol == v1.ProtocolSCTP {
+		sel.Serving = filter(eps, func(e *Endpoint) bool { return e.Serving || e.Ready })
 	}
 	if sp.UsesClusterEndpoints() {
 		mode := topologyMode(eps, node)

@@ -22,6 +22,9 @@ func staleFlows(old, cur *model.PortState) []conntrack.Filter {
 	if ps == nil {
 		ps = old
 	}
+	if ps == nil {
+		return nil // a port that came and went between two successful syncs
+	}
 	proto, ok := conntrack.ProtocolFor(ps.Protocol)
 	if !ok || proto == conntrack.TCP {
 		return nil
@@ -52,14 +55,17 @@ func staleFlows(old, cur *model.PortState) []conntrack.Filter {
 	return out
 }
 
-// serving lists the endpoints a port's traffic may go to, sorted and without
-// duplicates (a Service may have tens of thousands).
+// serving lists the endpoints whose flows stay: those a port's traffic may go to
+// and every other serving one (a terminating endpoint that still serves, or one
+// traffic policies or topology do not choose here), as kube-proxy keeps flows to
+// every serving endpoint; sorted and without duplicates (a Service may have tens
+// of thousands).
 func serving(ps *model.PortState) []netip.AddrPort {
 	if ps == nil {
 		return nil
 	}
-	out := make([]netip.AddrPort, 0, len(ps.Cluster)+len(ps.Local))
-	for _, list := range [][]model.Endpoint{ps.Cluster, ps.Local} {
+	out := make([]netip.AddrPort, 0, len(ps.Cluster)+len(ps.Local)+len(ps.Serving))
+	for _, list := range [][]model.Endpoint{ps.Cluster, ps.Local, ps.Serving} {
 		for i := range list {
 			out = append(out, list[i].AddrPort())
 		}
@@ -94,7 +100,24 @@ func frontends(ps *model.PortState) []netip.AddrPort {
 	return slices.Compact(out)
 }
 
-// clearStaleFlows deletes the stale flows of the ports a sync changed. Failures are
+// keepUnflushed remembers, for the ports a failed sync changed, their state
+// before the first failed sync, for clearStaleFlows.
+func (p *Proxier) keepUnflushed(changed []model.ServicePortName) {
+	if p.cfg.Conntrack == nil {
+		return
+	}
+	if p.unflushed == nil {
+		p.unflushed = map[model.ServicePortName]*model.PortState{}
+	}
+	for _, name := range changed {
+		if _, ok := p.unflushed[name]; !ok {
+			p.unflushed[name] = p.state.Previous[name]
+		}
+	}
+}
+
+// clearStaleFlows deletes the stale flows of the ports a sync changed, and of
+// those earlier failed syncs changed (from their state before). Failures are
 // logged: a stale UDP flow is a degraded service, not a reason to fail the sync.
 func (p *Proxier) clearStaleFlows(changed []model.ServicePortName) {
 	if p.cfg.Conntrack == nil {
@@ -102,8 +125,17 @@ func (p *Proxier) clearStaleFlows(changed []model.ServicePortName) {
 	}
 	var filters []conntrack.Filter
 	for _, name := range changed {
-		filters = append(filters, staleFlows(p.state.Previous[name], p.state.Ports[name])...)
+		old, failed := p.unflushed[name]
+		if !failed {
+			old = p.state.Previous[name]
+		}
+		delete(p.unflushed, name)
+		filters = append(filters, staleFlows(old, p.state.Ports[name])...)
 	}
+	for name, old := range p.unflushed {
+		filters = append(filters, staleFlows(old, p.state.Ports[name])...)
+	}
+	p.unflushed = nil
 	if len(filters) == 0 {
 		return
 	}

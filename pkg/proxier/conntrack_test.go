@@ -2,11 +2,14 @@ package proxier
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/conntrack"
@@ -178,5 +181,88 @@ func BenchmarkStaleFlows(b *testing.B) {
 		if got := staleFlows(old, cur); len(got) != 1 || len(got[0].Keep) != 19999 {
 			b.Fatalf("filters %d", len(got))
 		}
+	}
+}
+
+// udpService sets up a UDP Service "dns" with endpoints on pods 1 and 2, synced,
+// and a flow DNATed to pod 2; it returns the slice and the conntrack fake.
+func udpService(t *testing.T, p *Proxier, f *family.Family) (*discovery.EndpointSlice, *conntrack.Fake) {
+	t.Helper()
+	fake := conntrack.NewFake()
+	p.cfg.Conntrack = fake
+	svc := service(f, "dns", f)
+	svc.Spec.Ports[0].Protocol = v1.ProtocolUDP
+	es := endpointSlice(f, "dns", 1, 2)
+	es.Ports[0].Protocol = &svc.Spec.Ports[0].Protocol
+	p.OnServiceAdd(svc)
+	p.OnEndpointSliceAdd(ingest(es))
+	if err := p.Sync(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	client := netip.AddrPortFrom(testaddr.Pod(f, 9), 5353)
+	fake.Add(conntrack.Flow{Protocol: conntrack.UDP, OrigSrc: client, OrigDst: netip.AddrPortFrom(testaddr.Svc(f, 10), 80),
+		ReplySrc: netip.AddrPortFrom(testaddr.Pod(f, 2), 8080), ReplyDst: client})
+	return es, fake
+}
+
+// An endpoint removed by a sync that failed: the retry (a full sync that finds
+// nothing changed) still clears its flows.
+func TestFailedSyncStillClearsStaleFlows(t *testing.T) {
+	f := family.IPv4
+	p, b := newTestProxier(t, f, nil)
+	es, fake := udpService(t, p, f)
+	es2 := es.DeepCopy()
+	es2.Endpoints = es2.Endpoints[:1]
+	p.OnEndpointSliceUpdate(ingest(es), ingest(es2))
+	b.fail = errors.New("iptables-restore: exit status 1")
+	if err := p.Sync(context.Background(), false); err == nil {
+		t.Fatal("sync did not fail")
+	}
+	b.fail = nil
+	if err := p.Sync(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	if len(fake.Flows()) != 0 {
+		t.Errorf("the flow to the endpoint removed by the failed sync kept after the retry: %v", fake.Flows())
+	}
+	// A UDP Service added by a failed sync and deleted before the retry.
+	tmp := service(f, "tmp", f)
+	tmp.Spec.Ports[0].Protocol = v1.ProtocolUDP
+	p.OnServiceAdd(tmp)
+	b.fail = errors.New("iptables-restore: exit status 1")
+	if err := p.Sync(context.Background(), false); err == nil {
+		t.Fatal("sync did not fail")
+	}
+	b.fail = nil
+	p.OnServiceDelete(tmp)
+	if err := p.Sync(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A UDP endpoint that terminates but still serves keeps its flows until it stops
+// serving, as in kube-proxy (the cleanup ignores traffic policies, topology and
+// terminating state); new flows go to the ready ones.
+func TestTerminatingServingKeepsFlows(t *testing.T) {
+	f := family.IPv6
+	p, _ := newTestProxier(t, f, nil)
+	es, fake := udpService(t, p, f)
+	term := es.DeepCopy()
+	term.Endpoints[1].Conditions = discovery.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+	p.OnEndpointSliceUpdate(ingest(es), ingest(term))
+	if err := p.Sync(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if len(fake.Flows()) != 1 {
+		t.Fatalf("the flow to the terminating, serving endpoint cleared")
+	}
+	gone := term.DeepCopy()
+	gone.Endpoints[1].Conditions.Serving = ptr.To(false)
+	p.OnEndpointSliceUpdate(ingest(term), ingest(gone))
+	if err := p.Sync(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if len(fake.Flows()) != 0 {
+		t.Errorf("the flow to the endpoint that stopped serving kept: %v", fake.Flows())
 	}
 }

@@ -92,6 +92,10 @@ type Proxier struct {
 	state        *model.State
 	lastNode     *NodeConfig
 	lastNodeZone string
+	// unflushed holds, for the ports a failed sync changed, their state before it:
+	// the retry finds them unchanged (the state moved on), so the next successful
+	// sync clears their stale flows from that state.
+	unflushed map[model.ServicePortName]*model.PortState
 }
 
 var _ metaproxier.FamilyProxier = (*Proxier)(nil)
@@ -395,6 +399,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 		p.cfg.Observer.SyncDone(p.cfg.Family, full, time.Since(start), res, err)
 	}
 	if err != nil {
+		p.keepUnflushed(req.Changed)
 		return fmt.Errorf("%s sync (full=%v, %d changed service ports): %w", p.cfg.Family, full, len(req.Changed), err)
 	}
 	p.lastNode = nodeCfg
