@@ -3,6 +3,7 @@ package app
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -348,7 +349,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			cancel(err)
 		}
 	}
-	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics, d.cfg.ProxyMode, d.cfg.EnableProfiling), fail("metrics"))
+	go serveHTTP(ctx, "metrics", d.cfg.MetricsBindAddress, metricsMux(d.metrics, d.cfg), fail("metrics"))
 	go serveHTTP(ctx, "healthz", d.cfg.HealthzBindAddress, d.health.Handler(), fail("healthz"))
 	defer d.svcHC.Close()
 	d.applyConntrackSysctls()
@@ -417,10 +418,23 @@ func (h *handler) OnNodeDelete(n *v1.Node) {
 }
 
 // metricsMux is kube-proxy's metrics server: /metrics, /healthz answering ok,
-// /proxyMode naming the mode, and with profiling the Go profiles under
-// /debug/pprof/.
-func metricsMux(m *metrics.Metrics, mode config.ProxyMode, profiling bool) http.Handler {
+// /proxyMode naming the mode, /configz the effective configuration, and with
+// profiling the Go profiles under /debug/pprof/.
+func metricsMux(m *metrics.Metrics, cfg *config.Config) http.Handler {
+	mode, profiling := cfg.ProxyMode, cfg.EnableProfiling
 	mux := http.NewServeMux()
+	// As kube-proxy's component-base configz: the v1alpha1 object under the
+	// config group's name.
+	configz, err := json.Marshal(map[string]any{config.GroupName: cfg.KubeProxyConfiguration()})
+	mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
+		if err != nil {
+			http.Error(w, "error marshaling json: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = w.Write(configz)
+	})
 	mux.Handle("/metrics", m.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {

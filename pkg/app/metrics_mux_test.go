@@ -1,6 +1,7 @@
 package app
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -21,8 +22,12 @@ func TestMetricsMux(t *testing.T) {
 		return rec.Code, string(b)
 	}
 	m := metrics.New()
-	off := metricsMux(m, config.ModeNFTables, false)
-	on := metricsMux(m, config.ModeNFTables, true)
+	cfg := config.Default()
+	cfg.ProxyMode, cfg.MasqueradeAll = config.ModeNFTables, true
+	off := metricsMux(m, cfg)
+	profiling := *cfg
+	profiling.EnableProfiling = true
+	on := metricsMux(m, &profiling)
 	for _, tc := range []struct {
 		h        http.Handler
 		path     string
@@ -45,5 +50,23 @@ func TestMetricsMux(t *testing.T) {
 	}
 	if _, body := get(off, "/proxyMode"); body != "nftables" {
 		t.Errorf("/proxyMode = %q, want exactly the mode", body)
+	}
+	// /configz: the effective configuration as v1alpha1 under the group's name,
+	// as kube-proxy's.
+	_, body := get(off, "/configz")
+	var cz map[string]struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Mode       string `json:"mode"`
+		NFTables   struct {
+			MasqueradeAll bool `json:"masqueradeAll"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal([]byte(body), &cz); err != nil {
+		t.Fatalf("/configz: %v: %s", err, body)
+	}
+	got, ok := cz["kubeproxy.config.k8s.io"]
+	if !ok || got.APIVersion != "kubeproxy.config.k8s.io/v1alpha1" || got.Kind != "KubeProxyConfiguration" || got.Mode != "nftables" || !got.NFTables.MasqueradeAll {
+		t.Errorf("/configz = %s", body)
 	}
 }

@@ -40,7 +40,8 @@ const NodePortAddressesPrimary = "primary"
 
 // Supported KubeProxyConfiguration file identity.
 const (
-	APIVersion = "kubeproxy.config.k8s.io/v1alpha1"
+	GroupName  = "kubeproxy.config.k8s.io"
+	APIVersion = GroupName + "/v1alpha1"
 	Kind       = "KubeProxyConfiguration"
 )
 
