@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -62,20 +63,77 @@ func RESTConfig(cfg *config.Config) (*rest.Config, error) {
 	return rc, nil
 }
 
-// NodeIPSpec is the node-IP override: --node-ip in KEP-3705 syntax, else a specific
-// --bind-address (kube-proxy treats a non-unspecified bind address as the node IP).
+// NodeIPSpec is dsproxy's node-IP override: --node-ip in KEP-3705 syntax.
 func NodeIPSpec(cfg *config.Config) (nodeip.Spec, error) {
-	s := cfg.NodeIP
-	if s == "" {
-		if a, err := netip.ParseAddr(cfg.BindAddress); err == nil && !a.IsUnspecified() {
-			s = a.String()
-		}
-	}
-	spec, err := nodeip.ParseNodeIP(s)
+	spec, err := nodeip.ParseNodeIP(cfg.NodeIP)
 	if err != nil {
 		return nodeip.Spec{}, fmt.Errorf("--node-ip: %w", err)
 	}
 	return spec, nil
+}
+
+// bindNodeIP is a specific --bind-address, which kube-proxy takes as the node IP
+// of its family (the primary one), whatever the Node lists; invalid when
+// --bind-address is unspecified or --node-ip is set.
+func bindNodeIP(cfg *config.Config) netip.Addr {
+	if cfg.NodeIP != "" {
+		return netip.Addr{}
+	}
+	if a, ok := family.ParseIP(cfg.BindAddress); ok && !a.IsUnspecified() {
+		return a
+	}
+	return netip.Addr{}
+}
+
+// familyNodeIPs are the node IPs per family as kube-proxy v1.36 takes them: the
+// Node's (after --node-ip), a specific --bind-address overriding its family's.
+func familyNodeIPs(ips nodeip.IPs, bind netip.Addr) map[*family.Family]netip.Addr {
+	out := map[*family.Family]netip.Addr{}
+	for _, f := range family.All {
+		if ip := ips.For(f); ip.IsValid() {
+			out[f] = ip
+		}
+	}
+	if f := family.Of(bind); f != nil {
+		out[f] = bind
+	}
+	return out
+}
+
+// ipv6Disabled says why the kernel cannot carry IPv6, as kube-proxy checks it
+// (no /proc/net/if_inet6, or net.ipv6.conf.all.disable_ipv6 = 1), or "".
+func ipv6Disabled(procDir string) string {
+	if _, err := os.Stat(filepath.Join(procDir, "net/if_inet6")); err != nil {
+		return "no kernel support for IPv6"
+	}
+	if b, err := os.ReadFile(filepath.Join(procDir, "sys/net/ipv6/conf/all/disable_ipv6")); err == nil && strings.TrimSpace(string(b)) == "1" {
+		return "IPv6 disabled in the kernel (net.ipv6.conf.all.disable_ipv6 = 1)"
+	}
+	return ""
+}
+
+// familyNodeIP returns the node IP family f is proxied with. A family without one
+// is proxied, as kube-proxy proxies every family the kernel supports, with the
+// loopback address as its node IP (it only decides whether loadBalancerSourceRanges
+// hold the node and what "primary" NodePort addresses are); unless dsproxy's
+// --node-ip asks for a single-stack node of the other family, or the kernel has no
+// IPv6. ok is false, with the reason, for a family not proxied.
+func familyNodeIP(f *family.Family, ips nodeip.IPs, nodeIPs map[*family.Family]netip.Addr, procDir string) (ip netip.Addr, ok bool, why string) {
+	if ip, ok := nodeIPs[f]; ok {
+		return ip, true, ""
+	}
+	if e, single := ips.Spec.SingleStack(); single && e.Family != f {
+		return netip.Addr{}, false, ips.Usable(f).Error()
+	}
+	if f == family.IPv6 {
+		if why := ipv6Disabled(procDir); why != "" {
+			return netip.Addr{}, false, why
+		}
+	}
+	if f == family.IPv6 {
+		return netip.IPv6Loopback(), true, ""
+	}
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1}), true, ""
 }
 
 // waitForNode fetches the proxy's Node, retrying for up to timeout (the kubelet may

@@ -123,17 +123,23 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 	if err != nil {
 		return nil, fmt.Errorf("node IPs of %s: %w", name, err)
 	}
-	klog.InfoS("Node IPs", "node", name, "ips", ips.String())
+	nodeIPs := familyNodeIPs(ips, bindNodeIP(cfg))
+	klog.InfoS("Node IPs", "node", name, "ips", ips.String(), "bindAddress", bindNodeIP(cfg))
 	if d.tcpBeLiberal = tcpBeLiberal(conntrack.HostSysFS.ProcSys, cfg.Conntrack.TCPBeLiberal && inHostNetns()); d.tcpBeLiberal {
 		klog.InfoS("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets")
 	}
 	var fps []metaproxier.FamilyProxier
 	for _, f := range family.All {
-		if err := ips.Usable(f); err != nil {
-			klog.InfoS("Not proxying this family", "ipFamily", f.Name, "reason", err.Error())
+		ip, ok, why := familyNodeIP(f, ips, nodeIPs, "/proc")
+		if !ok {
+			klog.InfoS("Not proxying this family", "ipFamily", f.Name, "reason", why)
 			continue
 		}
-		p, err := d.newProxier(f, ips.For(f), npSpecs[f], node)
+		if f.Loopback.Contains(ip) {
+			klog.InfoS("No node IP of this family; assuming loopback, as kube-proxy does (set --node-ip or --bind-address if that is wrong)",
+				"ipFamily", f.Name, "nodeIP", ip)
+		}
+		p, err := d.newProxier(f, ip, npSpecs[f], node)
 		if err != nil {
 			d.Close()
 			return nil, err
@@ -461,8 +467,9 @@ func (h *handler) followNodeIPs(n *v1.Node) {
 		klog.ErrorS(err, "Keeping previous node IPs", "node", n.Name)
 		return
 	}
+	nodeIPs := familyNodeIPs(ips, bindNodeIP(h.d.cfg))
 	for f, p := range h.d.proxiers {
-		if ip := ips.For(f); ip.IsValid() {
+		if ip, ok := nodeIPs[f]; ok {
 			p.SetNodeIP(ip)
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/nodeip"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
 
@@ -91,5 +94,77 @@ func TestFollowPodCIDRs(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// Families and their node IPs as kube-proxy v1.36 takes them: every family the
+// kernel supports is proxied, one the Node lists no IP of with the loopback
+// address; a specific --bind-address overrides its family's node IP only.
+func TestFamilyNodeIPs(t *testing.T) {
+	proc := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, "net"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "net/if_inet6"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	disable := filepath.Join(proc, "sys/net/ipv6/conf/all/disable_ipv6")
+	if err := os.MkdirAll(filepath.Dir(disable), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	node := func(addrs ...string) *v1.Node {
+		n := nodeWithCIDRs()
+		for _, a := range addrs {
+			n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: a})
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name         string
+		node         *v1.Node
+		nodeIP, bind string
+		ipv6Off      bool
+		want4, want6 string // "": not proxied
+	}{
+		{"dual-stack Node", node("10.0.0.5", "fd00::5"), "", "", false, "10.0.0.5", "fd00::5"},
+		{"IPv4-only Node: IPv6 proxied with ::1", node("10.0.0.5"), "", "", false, "10.0.0.5", "::1"},
+		{"IPv4-only Node, IPv6 disabled", node("10.0.0.5"), "", "", true, "10.0.0.5", ""},
+		{"IPv6-only Node: IPv4 proxied with 127.0.0.1", node("fd00::5"), "", "", false, "127.0.0.1", "fd00::5"},
+		{"--node-ip IPv4 asks for single-stack", node("10.0.0.5", "fd00::5"), "IPv4", "", false, "10.0.0.5", ""},
+		{"--bind-address overrides its family only", node("10.0.0.5", "fd00::5"), "", "10.0.0.9", false, "10.0.0.9", "fd00::5"},
+		{"--bind-address IPv6, not among the Node's", node("10.0.0.5", "fd00::5"), "", "fd00::9", false, "10.0.0.5", "fd00::9"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := "0\n"
+			if tc.ipv6Off {
+				v = "1\n"
+			}
+			if err := os.WriteFile(disable, []byte(v), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg := &config.Config{NodeIP: tc.nodeIP, BindAddress: tc.bind}
+			if tc.bind == "" {
+				cfg.BindAddress = "0.0.0.0"
+			}
+			spec, err := NodeIPSpec(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ips, err := nodeip.NodeIPs(tc.node, spec, nodeip.Options{Mode: nodeip.NoCloud})
+			if err != nil {
+				t.Fatal(err)
+			}
+			nodeIPs := familyNodeIPs(ips, bindNodeIP(cfg))
+			for f, want := range map[*family.Family]string{family.IPv4: tc.want4, family.IPv6: tc.want6} {
+				ip, ok, why := familyNodeIP(f, ips, nodeIPs, proc)
+				got := ""
+				if ok {
+					got = ip.String()
+				}
+				if got != want {
+					t.Errorf("%s: node IP %q (proxied %v, %s), want %q", f, got, ok, why, want)
+				}
+			}
+		})
 	}
 }

@@ -175,8 +175,10 @@ func (s Spec) For(f *family.Family) (Element, bool) {
 	return Element{}, false
 }
 
-// singleStack returns the element of a one-keyword spec ("IPv4" or "IPv6"), which
+// SingleStack returns the element of a one-keyword spec ("IPv4" or "IPv6"), which
 // asks for a single-stack node.
+func (s Spec) SingleStack() (Element, bool) { return s.singleStack() }
+
 func (s Spec) singleStack() (Element, bool) {
 	if s.n == 1 && s.elems[0].Kind == KindFamily {
 		return s.elems[0], true
