@@ -40,9 +40,6 @@
 //   - The default proxy mode is nftables (kube-proxy: iptables). As in
 //     kube-proxy, a file with mode "" takes its sync periods and masqueradeAll
 //     from the iptables section, then the mode is defaulted.
-//   - Unknown and duplicate fields in the file are errors. kube-proxy v1.36
-//     retries such files with a lenient decoder and only logs; set
-//     Options.LenientDecoding to get that behaviour.
 //   - An empty metrics bind address (--metrics-port=0) means "disabled", as
 //     for healthz; kube-proxy v1.36 rejects it. An empty --cluster-cidr means
 //     "none"; kube-proxy rejects it.

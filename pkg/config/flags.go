@@ -19,9 +19,10 @@ import (
 // Options holds the command-line state. Create it with NewOptions, register
 // the flags with AddFlags, parse the FlagSet, then call Complete.
 type Options struct {
-	// LenientDecoding, when true, reproduces kube-proxy v1.36's fallback for
-	// v1alpha1 files: unknown and duplicate fields become Warnings instead of
-	// errors. It has no flag; the default is strict.
+	// LenientDecoding, true by default, is kube-proxy v1.36's fallback for
+	// v1alpha1 files: unknown and duplicate fields become Warnings (logged)
+	// instead of errors, so an existing kube-proxy ConfigMap with a field this
+	// version does not know still loads. It has no flag; false makes them errors.
 	LenientDecoding bool
 
 	flags *Config // targets of the flags that map onto the file (defaults, mode "")
@@ -47,9 +48,10 @@ type Options struct {
 // NewOptions returns Options whose flag defaults are kube-proxy's.
 func NewOptions() *Options {
 	o := &Options{
-		flags:       fromVersioned(defaultedVersioned()),
-		healthzPort: defaultHealthzPort,
-		metricsPort: defaultMetricsPort,
+		LenientDecoding: true,
+		flags:           fromVersioned(defaultedVersioned()),
+		healthzPort:     defaultHealthzPort,
+		metricsPort:     defaultMetricsPort,
 	}
 	o.logging = *o.flags.Logging.DeepCopy()
 	return o

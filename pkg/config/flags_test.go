@@ -248,6 +248,9 @@ func TestLenientOption(t *testing.T) {
 	if err := os.WriteFile(path, []byte(header+"mode: ipvs\nremovedField: 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if !NewOptions().LenientDecoding {
+		t.Error("NewOptions decodes strictly; kube-proxy v1.36 falls back to lenient decoding")
+	}
 	for _, lenient := range []bool{false, true} {
 		o := NewOptions()
 		o.LenientDecoding = lenient
