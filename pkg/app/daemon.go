@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -499,7 +498,7 @@ func (d *Daemon) applyConntrackSysctls() {
 		klog.InfoS("Not in the host network namespace; leaving conntrack sysctls alone")
 		return
 	}
-	if err := conntrackSysctls(d.cfg).Apply(conntrack.HostSysFS, runtime.NumCPU()); err != nil {
+	if err := conntrackSysctls(d.cfg).Apply(conntrack.HostSysFS, conntrack.HostSysFS.NumCPU()); err != nil {
 		klog.ErrorS(err, "Some conntrack settings could not be applied")
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"runtime"
 	"strconv"
 
 	"k8s.io/klog/v2"
@@ -35,7 +34,7 @@ import (
 func InitOnly(cfg *config.Config) error {
 	var errs []error
 	if inHostNetns() {
-		if err := conntrackSysctls(cfg).Apply(conntrack.HostSysFS, runtime.NumCPU()); err != nil {
+		if err := conntrackSysctls(cfg).Apply(conntrack.HostSysFS, conntrack.HostSysFS.NumCPU()); err != nil {
 			errs = append(errs, fmt.Errorf("conntrack sysctls: %w", err))
 		}
 	} else {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -25,13 +26,47 @@ type Sysctls struct {
 // maxConntrackMax caps MaxPerCore × CPUs, as kube-proxy does.
 const maxConntrackMax = 1048576
 
-// Max returns the nf_conntrack_max kube-proxy would set on a machine with numCPU
-// CPUs, or 0 for "leave it".
+// Max returns the nf_conntrack_max kube-proxy v1.36 sets on a machine with numCPU
+// CPUs, or 0 for "leave it": MaxPerCore × CPUs capped at 1048576, or Min when that
+// is larger than the uncapped product (Min itself is not capped).
 func (s Sysctls) Max(numCPU int) int {
 	if s.MaxPerCore <= 0 {
 		return 0
 	}
-	return min(max(s.MaxPerCore*numCPU, s.Min), maxConntrackMax)
+	scaled := s.MaxPerCore * numCPU
+	if scaled > maxConntrackMax {
+		return maxConntrackMax
+	}
+	return max(scaled, s.Min)
+}
+
+// NumCPU is the machine's CPU count as kube-proxy takes it for nf_conntrack_max:
+// every online CPU (sys/devices/system/cpu/online), not only those the process may
+// run on (isolated CPUs, a CPU manager's shared pool); runtime.NumCPU() when that
+// cannot be read.
+func (fs SysFS) NumCPU() int {
+	b, err := os.ReadFile(filepath.Join(fs.Sys, "devices/system/cpu/online"))
+	if err != nil {
+		return runtime.NumCPU()
+	}
+	n := 0
+	for _, r := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		lo, hi, isRange := strings.Cut(r, "-")
+		a, err1 := strconv.Atoi(lo)
+		z := a
+		var err2 error
+		if isRange {
+			z, err2 = strconv.Atoi(hi)
+		}
+		if err1 != nil || err2 != nil || z < a {
+			return runtime.NumCPU()
+		}
+		n += z - a + 1
+	}
+	if n < 1 {
+		return runtime.NumCPU()
+	}
+	return n
 }
 
 // SysFS names where the settings live: normally "/proc/sys" and "/sys"; tests

@@ -3,6 +3,7 @@ package conntrack
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -43,11 +44,28 @@ func TestSysctlsMax(t *testing.T) {
 		{Sysctls{MaxPerCore: 32768, Min: 131072}, 2, 131072},
 		{Sysctls{MaxPerCore: 32768, Min: 131072}, 8, 262144},
 		{Sysctls{MaxPerCore: 1 << 20}, 64, maxConntrackMax},
+		// As kube-proxy v1.36: a min above the cap is kept, unless the
+		// per-core product is capped.
+		{Sysctls{MaxPerCore: 32768, Min: 2000000}, 4, 2000000},
+		{Sysctls{MaxPerCore: 32768, Min: 2000000}, 64, maxConntrackMax},
 	}
 	for _, c := range cases {
 		if got := c.s.Max(c.cpus); got != c.want {
 			t.Errorf("%+v on %d CPUs: %d, want %d", c.s, c.cpus, got, c.want)
 		}
+	}
+}
+
+// NumCPU counts the machine's online CPUs, not the process's affinity.
+func TestNumCPU(t *testing.T) {
+	for online, want := range map[string]int{"0-63": 64, "0": 1, "0-3,8-11,16": 9} {
+		fs := fakeSysFS(t, map[string]string{"sys/devices/system/cpu/online": online})
+		if got := fs.NumCPU(); got != want {
+			t.Errorf("online %q: %d CPUs, want %d", online, got, want)
+		}
+	}
+	if got := (SysFS{Sys: t.TempDir()}).NumCPU(); got != runtime.NumCPU() {
+		t.Errorf("no online file: %d, want runtime.NumCPU() %d", got, runtime.NumCPU())
 	}
 }
 
