@@ -84,9 +84,8 @@ func skipService(svc *v1.Service) bool {
 	if _, ok := svc.Labels[LabelServiceProxyName]; ok {
 		return true
 	}
-	if _, ok := svc.Labels[LabelHeadless]; ok {
-		return true
-	}
+	// The headless label is the EndpointSlice controller's, on slices; a Service
+	// carrying it is proxied, as by kube-proxy.
 	return svc.Spec.ClusterIP == v1.ClusterIPNone || svc.Spec.ClusterIP == ""
 }
 

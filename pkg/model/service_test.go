@@ -86,9 +86,9 @@ func TestServicePorts(t *testing.T) {
 		{name: "service-proxy-name label", svc: func(f *family.Family) *v1.Service {
 			return svcFor(f, func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: "other"} })
 		}, want: want{ports: 0}},
-		{name: "headless label", svc: func(f *family.Family) *v1.Service {
+		{name: "a Service with the slices' headless label is proxied, as by kube-proxy", svc: func(f *family.Family) *v1.Service {
 			return svcFor(f, func(s *v1.Service) { s.Labels = map[string]string{LabelHeadless: ""} })
-		}, want: want{ports: 0}},
+		}, want: want{ports: 1}},
 		{name: "externalIPs and LB ingress split by family, Proxy ipMode dropped",
 			svc: func(f *family.Family) *v1.Service {
 				return svcFor(f, func(s *v1.Service) {

@@ -49,12 +49,22 @@ type Options struct {
 	ServiceCIDRs bool
 }
 
-// ProxySelector is kube-proxy's label selector for Services and EndpointSlices: no
-// service-proxy-name label (another proxy owns those) and no headless label.
+// ProxySelector is the label selector for EndpointSlices: no headless label (the
+// EndpointSlice controller's, on the slices of headless Services), as kube-proxy's,
+// and no service-proxy-name label (the controller copies it from a Service another
+// proxy owns; kube-proxy lists those slices and never uses them).
 func ProxySelector() labels.Selector {
 	noProxyName, _ := labels.NewRequirement(model.LabelServiceProxyName, selection.DoesNotExist, nil)
 	noHeadless, _ := labels.NewRequirement(model.LabelHeadless, selection.DoesNotExist, nil)
 	return labels.NewSelector().Add(*noProxyName, *noHeadless)
+}
+
+// serviceSelectors are kube-proxy's for Services: no service-proxy-name label,
+// and not headless (spec.clusterIP None), so headless Services are not listed.
+func serviceSelectors(o *metav1.ListOptions) {
+	noProxyName, _ := labels.NewRequirement(model.LabelServiceProxyName, selection.DoesNotExist, nil)
+	o.LabelSelector = labels.NewSelector().Add(*noProxyName).String()
+	o.FieldSelector = fields.OneTermNotEqualSelector("spec.clusterIP", v1.ClusterIPNone).String()
 }
 
 // Start creates the informers, registers h and starts them. It returns once every
@@ -80,7 +90,7 @@ func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Optio
 		return nil
 	}
 	forProxy := ForProxy(opts.NodeName)
-	if err := add(kubeclient.Services, proxyObjects, forProxy, serviceHandlers(h)); err != nil {
+	if err := add(kubeclient.Services, serviceSelectors, forProxy, serviceHandlers(h)); err != nil {
 		return err
 	}
 	if err := add(kubeclient.EndpointSlices, proxyObjects, forProxy, handlers(h.OnEndpointSliceAdd, h.OnEndpointSliceUpdate, h.OnEndpointSliceDelete)); err != nil {
