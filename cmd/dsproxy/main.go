@@ -11,7 +11,6 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
-	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/app"
@@ -41,7 +40,7 @@ func run(args []string) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	if err := logsapi.ValidateAndApply(&cfg.Logging, nil); err != nil {
+	if err := app.ApplyLogging(cfg); err != nil {
 		return fmt.Errorf("logging configuration: %w", err)
 	}
 	for _, w := range cfg.Warnings {

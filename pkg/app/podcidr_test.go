@@ -12,6 +12,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	logsapi "k8s.io/component-base/logs/api/v1"
 
 	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/family"
@@ -166,5 +167,32 @@ func TestFamilyNodeIPs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Logging options behind a logging feature gate are valid once the gate is on, as
+// in kube-proxy; other gates are ignored here. (Applying can happen once per
+// process, so this validates what ApplyLogging applies.)
+func TestLoggingGates(t *testing.T) {
+	check := func(cfg *config.Config) string {
+		t.Helper()
+		fg, err := loggingGates(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return logsapi.Validate(&cfg.Logging, fg, nil).ToAggregate().Error()
+	}
+	cfg := config.Default()
+	cfg.Logging.Options.Text.SplitStream = true
+	if errs := check(cfg); !strings.Contains(errs, "LoggingAlphaOptions") {
+		t.Errorf("split stream without LoggingAlphaOptions: %q, want the gate's error", errs)
+	}
+	cfg.FeatureGates = map[string]bool{"LoggingAlphaOptions": true, "AllowServiceExternalIPs": false}
+	fg, err := loggingGates(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := logsapi.Validate(&cfg.Logging, fg, nil); len(errs) != 0 {
+		t.Errorf("split stream with LoggingAlphaOptions=true: %v", errs)
 	}
 }
