@@ -111,27 +111,9 @@ func TestStaleFlows(t *testing.T) {
 func TestSyncClearsStaleFlows(t *testing.T) {
 	f := family.IPv4
 	p, _ := newTestProxier(t, f, nil)
-	fake := conntrack.NewFake()
-	p.cfg.Conntrack = fake
-	svc := service(f, "dns", f)
-	svc.Spec.Ports[0].Protocol = v1.ProtocolUDP
-	es := endpointSlice(f, "dns", 1, 2)
-	es.Ports[0].Protocol = &svc.Spec.Ports[0].Protocol
-	p.OnServiceAdd(svc)
-	p.OnEndpointSliceAdd(ingest(es))
-	if err := p.Sync(context.Background(), false); err != nil {
-		t.Fatal(err)
-	}
+	es, fake := udpService(t, p, f)
 	calls := len(fake.Calls())
-	// A flow DNATed to the endpoint about to go.
-	var ps *model.PortState
-	for _, x := range p.state.Ports {
-		ps = x
-	}
-	gone := ps.Cluster[1].AddrPort()
-	client := netip.AddrPortFrom(netip.MustParseAddr("10.64.9.9"), 5353)
-	fake.Add(conntrack.Flow{Protocol: conntrack.UDP, OrigSrc: client, OrigDst: netip.AddrPortFrom(ps.ClusterIP, ps.Port),
-		ReplySrc: gone, ReplyDst: client})
+	gone := netip.AddrPortFrom(testaddr.Pod(f, 2), 8080) // the flow's endpoint, about to go
 	obs := &conntrackObserver{}
 	p.cfg.Observer = obs
 	es2 := es.DeepCopy()
