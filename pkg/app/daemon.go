@@ -123,7 +123,7 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 		return nil, fmt.Errorf("node IPs of %s: %w", name, err)
 	}
 	nodeIPs := familyNodeIPs(ips, bindNodeIP(cfg))
-	klog.InfoS("Node IPs", "node", name, "ips", ips.String(), "bindAddress", bindNodeIP(cfg))
+	klog.InfoS("Node IPs", "node", name, "ips", ips.String(), "bindAddress", cfg.BindAddress)
 	if d.tcpBeLiberal = tcpBeLiberal(conntrack.HostSysFS.ProcSys, cfg.Conntrack.TCPBeLiberal && inHostNetns()); d.tcpBeLiberal {
 		klog.InfoS("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets")
 	}
