@@ -302,8 +302,12 @@ func TestRules(t *testing.T) {
 			return ps
 		}, want: []string{`^-A DSPROXY-EXT-\S+ .*-s fd00:64::/48 -j DSPROXY-SVC-`,
 			`^-A DSPROXY-EXT-\S+ .*-m addrtype --src-type LOCAL -j DSPROXY-MARK-MASQ$`,
-			`^-A DSPROXY-EXTERNAL-SERVICES .*! -d ::1/128 -m addrtype --dst-type LOCAL -p tcp -m tcp --dport 30007 -j DROP$`},
-			avoid: []string{`-j DSPROXY-SVL-`}},
+			`^-A DSPROXY-EXTERNAL-SERVICES .*! -d ::1/128 -m addrtype --dst-type LOCAL -p tcp -m tcp --dport 30007 -j DROP$`,
+			// A pod of another node short-circuited to itself is masqueraded.
+			`^-A DSPROXY-SEP-\S+ .*-s fd00:64::1/128 -j DSPROXY-MARK-MASQ$`,
+			`^-A DSPROXY-SEP-\S+ .*-s fd00:64::2/128 -j DSPROXY-MARK-MASQ$`,
+			`^-A DSPROXY-SVC-\S+ .*--probability 0\.5000000000 -j DSPROXY-SEP-\S+$`},
+			avoid: []string{`-j DSPROXY-SVL-`, `^-A DSPROXY-SVC-.*-j DNAT`}},
 		{name: "reserved NodePort of the other family", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1, 1) },
 			node: func(n *proxier.NodeConfig) {
 				n.ReservedNodePorts = []nodeport.Key{{Protocol: v1.ProtocolUDP, Port: 30500}}

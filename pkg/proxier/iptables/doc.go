@@ -13,7 +13,9 @@
 // wants and re-inserts any missing jump from a built-in chain; a node change
 // rewrites every chain. Only
 // endpoints on this node have a chain (to masquerade one reaching itself through
-// its Service, hairpin); a port's chain DNATs to the others itself, with an
+// its Service, hairpin), and the remote cluster endpoints of an ETP Local port
+// with external destinations (a pod of another node short-circuited to itself
+// through this node's NodePort); a port's chain DNATs to the others itself, with an
 // xt_recent list per endpoint for session affinity. That keeps the rule and chain
 // counts, which iptables-nft's restore time grows with, at about a third of
 // kube-proxy's. Per service port and family (the hash is the first 16 base32
@@ -29,7 +31,7 @@
 //	  DSPROXY-SVC-<h>:     (clusterIP traffic) -j DSPROXY-MASQ-NONLOCAL, or -j DSPROXY-MARK-MASQ with masqueradeAll
 //	                       affinity: -m recent --name <endpoint list> --update ... -j DNAT per endpoint
 //	                       -m statistic --mode random --probability 1/(n-i) [-m recent --set] -j DNAT
-//	                       (a local endpoint: -j DSPROXY-SEP-<e> instead, and --rcheck)
+//	                       (a local endpoint, or any of ETP Local's: -j DSPROXY-SEP-<e> instead, and --rcheck)
 //	  DSPROXY-SVL-<h>:     the same over the local endpoints (traffic policy Local)
 //	  DSPROXY-EXT-<h>:     ETP Cluster: -j DSPROXY-MARK-MASQ; -j DSPROXY-SVC-<h>
 //	                       ETP Local: <from local pods> -j SVC; <from the node> mark, -j SVC; -j SVL

@@ -109,6 +109,9 @@ type shape struct {
 	proto, port        string
 	svc, svl, ext, fw  bool
 	internal, external int // endpoint counts
+	// short: the external chain sends local pods' traffic to the cluster
+	// endpoints unmasqueraded (ETP Local); see hairpinned.
+	short bool
 }
 
 func shapeOf(ps *model.PortState) shape {
@@ -120,9 +123,21 @@ func shapeOf(ps *model.PortState) shape {
 		s.external = len(ps.ExternalEndpoints())
 		s.ext = s.external > 0 || (ps.ExternalPolicyLocal && s.svc)
 		s.fw = s.ext && len(ps.LoadBalancerVIPs) > 0 && restricted(ps.SourceRanges)
+		s.short = s.ext && s.svc && ps.ExternalPolicyLocal
 	}
 	return s
 }
+
+// hairpinned reports whether ep has a chain of its own, which masquerades it
+// reaching itself: a local endpoint, and with short every cluster endpoint. A
+// pod on another node is inside the cluster CIDR, so its connection to this
+// node's ETP Local NodePort (or an external address routed here) goes to the
+// cluster endpoints unmasqueraded; sent to itself it would answer itself
+// directly and never see the reply it waits for. kube-proxy gives every
+// endpoint a chain; here ClusterIP traffic of remote pods, which only comes
+// here when routed without their own node's proxy, is left out: that would
+// triple the rules of every Service.
+func (s *shape) hairpinned(ep *model.Endpoint) bool { return ep.Local || s.short }
 
 // restricted reports whether source ranges limit anything (none, or one of length
 // 0, allow every source).
@@ -146,19 +161,19 @@ func (s *shape) chains() []string {
 	if s.fw {
 		out = append(out, fwChain(n))
 	}
-	for _, ep := range s.localEndpoints() {
+	for _, ep := range s.sepEndpoints() {
 		out = append(out, sepChain(n, ep))
 	}
 	return out
 }
 
-// localEndpoints are the port's endpoints on this node, each once.
-func (s *shape) localEndpoints() []*model.Endpoint {
+// sepEndpoints are the port's endpoints with a chain (hairpinned), each once.
+func (s *shape) sepEndpoints() []*model.Endpoint {
 	var out []*model.Endpoint
 	seen := map[netip.AddrPort]bool{}
 	for _, list := range [][]model.Endpoint{s.ps.Cluster, s.ps.Local} {
 		for i := range list {
-			if ap := list[i].AddrPort(); list[i].Local && !seen[ap] {
+			if ap := list[i].AddrPort(); s.hairpinned(&list[i]) && !seen[ap] {
 				seen[ap] = true
 				out = append(out, &list[i])
 			}
@@ -440,7 +455,7 @@ func (c *config) portChains(s *shape, nat *rules) {
 			}
 		}
 	}
-	for _, ep := range s.localEndpoints() {
+	for _, ep := range s.sepEndpoints() {
 		c.sep(s, ep, nat)
 	}
 }
@@ -448,14 +463,14 @@ func (c *config) portChains(s *shape, nat *rules) {
 // balance writes the rules that pick one of eps: with session affinity first one
 // rule per endpoint for clients it served recently (an xt_recent list per
 // endpoint), then each endpoint with the probability that makes the choice
-// uniform. A remote endpoint is DNATed there; a local one goes to its chain, which
-// also masquerades it reaching itself (hairpin).
+// uniform. A remote endpoint is DNATed there; a hairpinned one (local) goes to
+// its chain, which also masquerades it reaching itself.
 func (c *config) balance(s *shape, chain string, eps []model.Endpoint, nat *rules) {
 	n := s.ps.Name
 	proto := "-p " + s.proto + " -m " + s.proto
 	aff := s.ps.AffinitySeconds
 	to := func(ep *model.Endpoint) string {
-		if ep.Local {
+		if s.hairpinned(ep) {
 			return "-j " + sepChain(n, ep)
 		}
 		return "-j DNAT --to-destination " + ep.AddrPort().String()
@@ -465,7 +480,7 @@ func (c *config) balance(s *shape, chain string, eps []model.Endpoint, nat *rule
 			// --update refreshes the client's entry as the local endpoint's
 			// chain does with --set.
 			check := " --update"
-			if eps[i].Local {
+			if s.hairpinned(&eps[i]) {
 				check = " --rcheck"
 			}
 			nat.add(chain, comment(n.String()+" -> "+eps[i].String()), proto,
@@ -477,14 +492,14 @@ func (c *config) balance(s *shape, chain string, eps []model.Endpoint, nat *rule
 		if left := len(eps) - i; left > 1 {
 			m += " -m statistic --mode random --probability " + strconv.FormatFloat(1/float64(left), 'f', 10, 64)
 		}
-		if aff > 0 && !eps[i].Local {
+		if aff > 0 && !s.hairpinned(&eps[i]) {
 			m += " -m recent --name " + sepChain(n, &eps[i]) + " --set"
 		}
 		nat.add(chain, comment(n.String()+" -> "+eps[i].String()), m, to(&eps[i]))
 	}
 }
 
-// sep writes the chain of a local endpoint: hairpin masquerade, DNAT.
+// sep writes the chain of a hairpinned endpoint: hairpin masquerade, DNAT.
 func (c *config) sep(s *shape, ep *model.Endpoint, nat *rules) {
 	n := s.ps.Name
 	ch := sepChain(n, ep)

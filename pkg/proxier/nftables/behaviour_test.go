@@ -72,6 +72,15 @@ func sharedExternalIP(na, nb int) func(e *env) {
 	}
 }
 
+// remoteOnly: web:80 → pod 2 (remote) on 8080, with NodePort 30080 and
+// ExternalIP Ext(1).
+func remoteOnly(opts ...svcOpt) func(e *env) {
+	return func(e *env) {
+		all := append([]svcOpt{nodePort(30080), externalIP(1)}, opts...)
+		e.put(svc(e.f, "web", 10, 80, tcp, all...), ep(e.f, 2, 8080, false))
+	}
+}
+
 func both(f *family.Family) []netip.AddrPort {
 	return []netip.AddrPort{pod(f, 1, 8080), pod(f, 2, 8080)}
 }
@@ -171,6 +180,15 @@ var behaviourCases = []behaviourCase{
 	{"hairpin: pod reaching itself is masqueraded", func(e *env) { e.put(svc(e.f, "self", 14, 80, tcp), ep(e.f, 1, 8080, true)) },
 		at(fromPod(1), func(f *family.Family) netip.AddrPort { return cip(f, 14, 80) }, tcp),
 		func(f *family.Family) outcome { return dnatTo(true, pod(f, 1, 8080)) }},
+	{"hairpin: remote pod short-circuited to itself is masqueraded", remoteOnly(etpLocal()),
+		at(fromRemotePod(2), func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, pod(f, 2, 8080)) }},
+	{"hairpin: remote pod short-circuited to another endpoint is not masqueraded", remoteOnly(etpLocal()),
+		at(fromRemotePod(5), func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, pod(f, 2, 8080)) }},
+	{"hairpin: remote pod short-circuited to itself through an ExternalIP", remoteOnly(etpLocal()),
+		at(fromRemotePod(2), func(f *family.Family) netip.AddrPort { return ext(f, 1, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, pod(f, 2, 8080)) }},
 	{"affinity: first connection may go to any endpoint", twoRemote(affinity(10800)), at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 10, 80) }, tcp),
 		func(f *family.Family) outcome { return dnatTo(false, both(f)...) }},
 	{"affinity on nodePort", twoRemote(affinity(60)), at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),

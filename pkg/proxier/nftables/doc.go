@@ -34,7 +34,7 @@ package nftables
 //	  set no-endpoint-services, no-local-endpoint-services, firewall-ips { addr . proto . port }
 //	  set no-endpoint-nodeports, no-local-endpoint-nodeports, reserved-nodeports { proto . port }
 //	  set fw-allow-L     { addr . proto . port . ipv4_addr }  # VIP . (saddr & /L)
-//	  set hairpin        { ipv4_addr . ipv4_addr }            # local endpoint . itself
+//	  set hairpin        { ipv4_addr . ipv4_addr }            # endpoint . itself: local ones, and remote ones short-circuits pick
 //
 //	  chain filter-prerouting-pre-dnat { type filter hook prerouting priority dstnat - 10; ct state new jump firewall-check }
 //	  chain filter-output-pre-dnat     { type filter hook output priority dstnat - 10; ct state new jump firewall-check }

@@ -61,6 +61,8 @@ type portBuilder struct {
 	// that uses the list.
 	slots [2][]netip.AddrPort
 	data  [2]string
+	// short: a short-circuit kind uses the cluster list (see hairpin).
+	short bool
 }
 
 func (b *portBuilder) add(set setKey, key, data string) {
@@ -140,6 +142,7 @@ func appendAddr(buf []byte, a netip.Addr) []byte {
 func (b *portBuilder) frontend(k kind, key string, local bool) {
 	ki := kinds[k]
 	eps, data := b.list(local)
+	b.short = b.short || ki.short
 	b.add(fixedKey(kindMap(k)), key, b.c.groupData(group{kind: k, n: uint32(len(eps)), timeout: b.aff}))
 	set := fixedKey(setEndpoints)
 	if ki.nodePort {
@@ -225,7 +228,7 @@ func contribsHint(ps *model.PortState) int {
 	}
 	n := 1 + 2*fronts // dispatch element and endpoint list of each
 	for i := range ps.Cluster {
-		if ps.Cluster[i].Local {
+		if ps.Cluster[i].Local || ps.ExternalPolicyLocal {
 			n++ // @hairpin
 		}
 	}
@@ -321,15 +324,26 @@ func (b *portBuilder) firewall(node *proxier.NodeConfig) {
 	}
 }
 
-// hairpin writes the local endpoints of the used lists into @hairpin.
+// hairpin writes into @hairpin the endpoints that a connection from the
+// endpoint itself may reach unmasqueraded: the local endpoints of the used lists
+// and, when a short-circuit kind uses the cluster list, its remote ones too. A
+// pod on another node is inside the cluster CIDR, so its connection to this
+// node's ETP Local NodePort (or an external address routed here) short-circuits
+// to the cluster endpoints unmasqueraded; sent to itself, it would answer itself
+// directly and never see the reply it waits for. kube-proxy masquerades every
+// endpoint reaching itself (a rule in each endpoint's chain); here ClusterIP
+// traffic of remote pods, which only comes here when routed without their own
+// node's proxy, is left out: that would put every endpoint of the cluster into
+// @hairpin.
 func (b *portBuilder) hairpin() {
 	seen := map[netip.Addr]bool{}
 	for l, eps := range [2][]model.Endpoint{listCluster: b.ps.Cluster, listLocal: b.ps.Local} {
 		if !b.used[l] {
 			continue
 		}
+		remote := l == listCluster && b.short
 		for _, e := range eps {
-			if e.Local && !seen[e.Addr] {
+			if (e.Local || remote) && !seen[e.Addr] {
 				seen[e.Addr] = true
 				a := string(nft.AddrBytes(e.Addr))
 				b.add(fixedKey(setHairpin), a+a, "")

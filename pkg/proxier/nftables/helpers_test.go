@@ -212,6 +212,14 @@ func fromPod(n int) source {
 	}
 }
 
+// fromRemotePod is pod n of another node (inside the cluster CIDR) arriving on
+// eth0.
+func fromRemotePod(n int) source {
+	return func(f *family.Family) nft.Packet {
+		return nft.Packet{Family: f, Src: ap(testaddr.Pod(f, n), 40000), Origin: nft.OriginInbound, InIface: "eth0"}
+	}
+}
+
 // fromNode is a process on the node.
 func fromNode(f *family.Family) nft.Packet {
 	return nft.Packet{Family: f, Src: ap(testaddr.Node(f, 1), 40000), Origin: nft.OriginLocal, OutIface: "eth0"}
