@@ -81,6 +81,28 @@ func remoteOnly(opts ...svcOpt) func(e *env) {
 	}
 }
 
+// sharedExternalIPKinds: Service "a" (ETP Local; pod 1 local, pod 2 remote)
+// and "b" (ETP Cluster; pods 11 and 12 remote), both with ExternalIP Ext(3) on
+// port 80. "a" is the lowest owner of the shared key.
+func sharedExternalIPKinds() func(e *env) {
+	return func(e *env) {
+		e.put(svc(e.f, "a", 20, 80, tcp, externalIP(3), etpLocal()), ep(e.f, 1, 8080, true), ep(e.f, 2, 8080, false))
+		e.put(svc(e.f, "b", 21, 80, tcp, externalIP(3)), ep(e.f, 11, 8080, false), ep(e.f, 12, 8080, false))
+	}
+}
+
+// clusterIPAsExternalIP: Service "b" (ClusterIP Svc(21):80, pod 1) and "a"
+// (pods 11, 12, 13) whose ExternalIP is b's ClusterIP, on the same port. "a" is
+// the lowest owner of the shared key.
+func clusterIPAsExternalIP() func(e *env) {
+	return func(e *env) {
+		e.put(svc(e.f, "b", 21, 80, tcp), ep(e.f, 1, 8080, false))
+		e.put(svc(e.f, "a", 20, 80, tcp, func(f *family.Family, sp *model.ServicePort) {
+			sp.ExternalIPs = append(sp.ExternalIPs, testaddr.Svc(f, 21))
+		}), ep(e.f, 11, 8080, false), ep(e.f, 12, 8080, false), ep(e.f, 13, 8080, false))
+	}
+}
+
 func both(f *family.Family) []netip.AddrPort {
 	return []netip.AddrPort{pod(f, 1, 8080), pod(f, 2, 8080)}
 }
@@ -203,6 +225,17 @@ var behaviourCases = []behaviourCase{
 		func(f *family.Family) outcome {
 			return dnatTo(true, pod(f, 1, 8080), pod(f, 2, 8080), pod(f, 3, 8080), pod(f, 4, 8080), pod(f, 5, 8080))
 		}},
+	// One address and port claimed by frontends of different kinds: each kind's
+	// group picks from its own list (each kind has its own index range under
+	// the key), and the chain order decides which Service serves: ETP Cluster
+	// before ETP Local, short-circuits for local pods first, a ClusterIP before
+	// an external address.
+	{"shared ExternalIP, ETP Local and Cluster: outside traffic to the Cluster one", sharedExternalIPKinds(), at(fromClient, func(f *family.Family) netip.AddrPort { return ext(f, 3, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, pod(f, 11, 8080), pod(f, 12, 8080)) }},
+	{"shared ExternalIP, ETP Local and Cluster: local pods short-circuit to the Local one's cluster endpoints", sharedExternalIPKinds(), at(fromPod(5), func(f *family.Family) netip.AddrPort { return ext(f, 3, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, pod(f, 1, 8080), pod(f, 2, 8080)) }},
+	{"ExternalIP equal to another Service's ClusterIP: the ClusterIP's", clusterIPAsExternalIP(), at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 21, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, pod(f, 1, 8080)) }},
 	{"other traffic is untouched", twoRemote(), at(fromPod(5), func(f *family.Family) netip.AddrPort { return ext(f, 50, 443) }, tcp),
 		func(f *family.Family) outcome { return outcome{verdict: nft.Accept} }},
 }

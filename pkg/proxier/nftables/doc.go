@@ -79,7 +79,10 @@ package nftables
 //	  chain nodeport-lb-np-N { meta mark set mark | 0x4000 dnat to meta l4proto . th dport . numgen random mod N map @nodeport-endpoints }
 //	  chain short-circuit-pod  { ext-short and <nodeport addr> np-short dispatch, vmap @short-circuit-pod-groups }   # ETP Local → cluster endpoints
 //	  chain short-circuit-node { the same with @short-circuit-node-groups, whose group chains mark for masquerade }
-//	  # group chains of short-circuit kinds pick "numgen random mod N offset 0x80000000".
+//	  # each kind picks from its own index range: svc "numgen random mod N", ext and np
+//	  # "... offset 0x10000000", ext-local and np-local "offset 0x20000000", the
+//	  # short-circuit kinds "offset 0x80000000", so frontends of different kinds
+//	  # sharing an address, port and protocol never index each other's lists.
 //	  # The dispatch rule passes the group id through the packet mark within the rule
 //	  # (nft before 1.1 can't list a lookup keyed by another lookup's result): save the
 //	  # mark, set it to the id, load it back as the verdict map key, restore the mark.
@@ -120,12 +123,13 @@ package nftables
 //	}
 //
 // Every frontend (ClusterIP, ExternalIP, LoadBalancer VIP, NodePort) has its own
-// elements in @endpoints (@nodeport-endpoints): key . index, index 0..N-1 for the
-// list the frontend uses (the ClusterIP's per internalTrafficPolicy, the others' per
-// externalTrafficPolicy) and, for an ETP Local frontend, shortOffset+0..N-1 for the
-// cluster list its short-circuit uses. No rule keys a lookup with another lookup's
-// result: nft before 1.1 aborts listing such a rule (or dynset data), and that
-// breaks every nft listing on the node, even "nft list tables"; the packet mark
-// carries such values within a rule instead. The index and the group id are typed
-// mark (4 bytes, host order, what numgen writes): nft aborts listing a
-// concatenation with a sizeless integer field.
+// elements in @endpoints (@nodeport-endpoints): key . index, index O+0..O+N-1 for
+// the list the frontend uses (the ClusterIP's per internalTrafficPolicy, the
+// others' per externalTrafficPolicy; O its kind's offset) and, for an ETP Local
+// frontend, shortOffset+0..N-1 for the cluster list its short-circuit uses. No
+// rule keys a lookup with another lookup's result: nft before 1.1 aborts listing
+// such a rule (or dynset data), and that breaks every nft listing on the node,
+// even "nft list tables"; the packet mark carries such values within a rule
+// instead. The index and the group id are typed mark (4 bytes, host order, what
+// numgen writes): nft aborts listing a concatenation with a sizeless integer
+// field.

@@ -17,9 +17,10 @@ import (
 //	@endpoints          vip key . index → epaddr . epport
 //	@nodeport-endpoints np key . index → epaddr . epport
 //
-// Every frontend has its own endpoint elements, index 0..N-1 (host-endian u32, as
-// numgen writes it); an ETP Local frontend also holds its short-circuit (cluster)
-// list at shortOffset+0..N-1.
+// Every frontend has its own endpoint elements, index O+0..O+N-1 (host-endian
+// u32, as numgen writes it; O its kind's offset, see kindInfo.first); an ETP
+// Local frontend also holds its short-circuit (cluster) list at
+// shortOffset+0..N-1.
 
 func vipKey(a netip.Addr, proto uint8, port uint16) string {
 	return string(nft.Concat(nft.AddrBytes(a), nft.ProtoBytes(proto), nft.PortBytes(port)))

@@ -101,7 +101,7 @@ const (
 	kindExtLocal
 	// kindExtShort: ETP Local addresses seen from local pods or the node itself:
 	// they go to the cluster endpoints (kube-proxy's short-circuit), held under
-	// the same key at indexes from shortOffset.
+	// the same key at indexes from shortOffset (see kindInfo.first).
 	kindExtShort
 	// kindNP, kindNPLocal, kindNPShort: the NodePort equivalents, keyed by
 	// l4proto . dport on the NodePort addresses, with @nodeport-endpoints.
@@ -111,16 +111,27 @@ const (
 	numKinds
 )
 
-// shortOffset is where the short-circuit (cluster) endpoint list of an ETP Local
-// frontend starts in its index space ("numgen random mod N offset shortOffset"):
-// index i of that list is shortOffset + i, so it shares the frontend's key with
-// the local list at 0..L-1.
-const shortOffset = 1 << 31
+// Each kind picks from its own index range under a frontend's key: index i of
+// its list is the kind's offset + i ("numgen random mod N offset <offset>"). One
+// frontend uses at most two kinds (an ETP Local frontend's list at localOffset
+// and its short-circuit's cluster list at shortOffset), but one address, port
+// and protocol may be claimed by frontends of different kinds, of different
+// Services (an ExternalIP shared by an ETP Cluster and an ETP Local Service, or
+// equal to another Service's ClusterIP): their lists then live side by side, and
+// each kind's group picks from its own (the chain order decides which Service
+// serves). The lowest owner of the key within a kind wins, as for any element.
+const (
+	clusterOffset = 1 << 28 // ETP Cluster ExternalIPs, VIPs and NodePorts
+	localOffset   = 2 << 28 // their ETP Local lists
+	shortOffset   = 1 << 31 // an ETP Local frontend's short-circuit (cluster) list
+)
 
 type kindInfo struct {
 	prefix   string
 	nodePort bool // key is l4proto . dport and rules check the NodePort addresses
-	short    bool // picks from the list at shortOffset
+	short    bool // a short-circuit: picks from the cluster list at shortOffset
+	// first is the first index of the endpoint list the kind picks from.
+	first uint32
 	// uses lists the chains holding this kind's rules and whether they mark the
 	// packet for masquerade.
 	uses []chainUse
@@ -133,21 +144,16 @@ type chainUse struct {
 
 var kinds = [numKinds]kindInfo{
 	kindSvc:      {prefix: "svc", uses: []chainUse{{chainClusterIPLB, false}}},
-	kindExt:      {prefix: "ext", uses: []chainUse{{chainExternalLB, true}}},
-	kindExtLocal: {prefix: "ext-local", uses: []chainUse{{chainExternalLB, false}}},
-	kindExtShort: {prefix: "ext-short", short: true, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
-	kindNP:       {prefix: "np", nodePort: true, uses: []chainUse{{chainNodePortLB, true}}},
-	kindNPLocal:  {prefix: "np-local", nodePort: true, uses: []chainUse{{chainNodePortLB, false}}},
-	kindNPShort:  {prefix: "np-short", nodePort: true, short: true, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
+	kindExt:      {prefix: "ext", first: clusterOffset, uses: []chainUse{{chainExternalLB, true}}},
+	kindExtLocal: {prefix: "ext-local", first: localOffset, uses: []chainUse{{chainExternalLB, false}}},
+	kindExtShort: {prefix: "ext-short", short: true, first: shortOffset, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
+	kindNP:       {prefix: "np", nodePort: true, first: clusterOffset, uses: []chainUse{{chainNodePortLB, true}}},
+	kindNPLocal:  {prefix: "np-local", nodePort: true, first: localOffset, uses: []chainUse{{chainNodePortLB, false}}},
+	kindNPShort:  {prefix: "np-short", nodePort: true, short: true, first: shortOffset, uses: []chainUse{{chainShortPod, false}, {chainShortNode, true}}},
 }
 
 // offset is the first index of the endpoint list the kind picks from.
-func (k kindInfo) offset() uint32 {
-	if k.short {
-		return shortOffset
-	}
-	return 0
-}
+func (k kindInfo) offset() uint32 { return k.first }
 
 // group is one dispatch group: a kind, an endpoint count and an affinity timeout
 // (0 for none). Each group has an id (the data of its frontends in the kind's

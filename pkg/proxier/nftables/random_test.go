@@ -76,9 +76,16 @@ func setContents(t *testing.T, e *env) string {
 					t.Fatalf("element %q: index: %v", el, err)
 				}
 				front := key[:i]
-				if idx >= shortOffset {
+				switch {
+				case idx >= shortOffset:
 					idx -= shortOffset
 					front += " short"
+				case idx >= localOffset:
+					idx -= localOffset
+					front += " local"
+				case idx >= clusterOffset:
+					idx -= clusterOffset
+					front += " cluster"
 				}
 				lk := set + front
 				if lists[lk] == nil {
