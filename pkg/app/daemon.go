@@ -124,7 +124,7 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 	}
 	nodeIPs := familyNodeIPs(ips, bindNodeIP(cfg))
 	klog.InfoS("Node IPs", "node", name, "ips", ips.String(), "bindAddress", cfg.BindAddress)
-	if d.tcpBeLiberal = tcpBeLiberal(conntrack.HostSysFS.ProcSys, cfg.Conntrack.TCPBeLiberal && inHostNetns()); d.tcpBeLiberal {
+	if d.tcpBeLiberal = tcpBeLiberal(conntrack.HostSysFS.ProcSys, cfg.Conntrack.TCPBeLiberal); d.tcpBeLiberal {
 		klog.InfoS("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets")
 	}
 	var fps []metaproxier.FamilyProxier
@@ -491,28 +491,39 @@ func (h *handler) followPodCIDRs(n *v1.Node) {
 
 // applyConntrackSysctls applies kube-proxy's conntrack tuning. Failures are logged:
 // a node whose sysctls cannot be changed (a read-only /sys) still gets its
-// Services. Outside the host's network namespace (tests, the demo) nothing is
-// tuned: nf_conntrack_max and the hash size are global to the machine.
+// Services.
 func (d *Daemon) applyConntrackSysctls() {
-	if !inHostNetns() {
-		klog.InfoS("Not in the host network namespace; leaving conntrack sysctls alone")
-		return
-	}
-	if err := conntrackSysctls(d.cfg).Apply(conntrack.HostSysFS, conntrack.HostSysFS.NumCPU()); err != nil {
+	if err := conntrackSysctls(d.cfg, conntrack.HostSysFS).Apply(conntrack.HostSysFS, conntrack.HostSysFS.NumCPU()); err != nil {
 		klog.ErrorS(err, "Some conntrack settings could not be applied")
 	}
 }
 
-// conntrackSysctls are kube-proxy's conntrack settings of cfg.
-func conntrackSysctls(cfg *config.Config) conntrack.Sysctls {
+// conntrackSysctls are kube-proxy's conntrack settings of cfg that fs's network
+// namespace can take: all of them in the initial one; elsewhere (a kind node, a
+// node that is itself a container, the tests' and the demo's namespaces) only
+// the per-namespace ones (timeouts, be_liberal), as nf_conntrack_max and the
+// hash size are the machine's and read-only there. kube-proxy tries them all and
+// fails to start there unless conntrack.maxPerCore is 0 (kind sets it so).
+func conntrackSysctls(cfg *config.Config, fs conntrack.SysFS) conntrack.Sysctls {
 	c := cfg.Conntrack
-	return conntrack.Sysctls{MaxPerCore: int(c.MaxPerCore), Min: int(c.Min),
+	s := conntrack.Sysctls{MaxPerCore: int(c.MaxPerCore), Min: int(c.Min),
 		TCPEstablishedTimeout: c.TCPEstablishedTimeout, TCPCloseWaitTimeout: c.TCPCloseWaitTimeout,
 		TCPBeLiberal: c.TCPBeLiberal, UDPTimeout: c.UDPTimeout, UDPStreamTimeout: c.UDPStreamTimeout}
+	global, known := fs.Global()
+	if !known {
+		global = fs == conntrack.HostSysFS && inHostNetns()
+	}
+	if !global && s.Max(fs.NumCPU()) > 0 {
+		klog.InfoS("Not in the machine's initial network namespace; leaving nf_conntrack_max and the conntrack hash size alone")
+		s = s.NetnsOnly()
+	}
+	return s
 }
 
-// inHostNetns reports whether the calling thread is in the host's network
-// namespace (that of PID 1); dsproxy's threads all are, or none.
+// inHostNetns reports whether the calling thread is in the network namespace of
+// PID 1 (in a pod without hostPID that is the pod's own); dsproxy's threads all
+// are, or none. Only the fallback of conntrackSysctls when conntrack is not
+// loaded yet.
 func inHostNetns() bool {
 	self, err1 := os.Readlink("/proc/thread-self/ns/net")
 	host, err2 := os.Readlink("/proc/1/ns/net")

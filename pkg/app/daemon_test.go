@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dsproxy/dsproxy/pkg/config"
+	"github.com/dsproxy/dsproxy/pkg/conntrack"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 	"github.com/dsproxy/dsproxy/pkg/runner"
@@ -47,6 +48,35 @@ func TestTCPBeLiberal(t *testing.T) {
 		if got := tcpBeLiberal(dir, false); got != want {
 			t.Errorf("sysctl %q: liberal = %v, want %v", v, got, want)
 		}
+	}
+}
+
+// In a network namespace other than the machine's initial one (a kind node,
+// where a pod's /proc/1 shares it) nf_conntrack_max is read-only: the daemon and
+// --init-only then take only the per-namespace settings, rather than fail on
+// nf_conntrack_max as kube-proxy does unless maxPerCore is 0.
+func TestConntrackSysctlsOutsideInitialNetns(t *testing.T) {
+	dir := t.TempDir()
+	fs := conntrack.SysFS{ProcSys: filepath.Join(dir, "proc"), Sys: filepath.Join(dir, "sys")}
+	max := filepath.Join(fs.ProcSys, "net/netfilter/nf_conntrack_max")
+	if err := os.MkdirAll(filepath.Dir(max), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(max, []byte("65536\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]string{"--conntrack-max-per-core=32768", "--conntrack-tcp-timeout-established=2h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := conntrackSysctls(cfg, fs); s.Max(2) != 131072 || s.TCPEstablishedTimeout != 2*time.Hour {
+		t.Errorf("initial namespace: %+v, want nf_conntrack_max and the timeout", s)
+	}
+	if err := os.Chmod(max, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if s := conntrackSysctls(cfg, fs); s.Max(2) != 0 || s.TCPEstablishedTimeout != 2*time.Hour {
+		t.Errorf("other namespace: %+v, want the timeout only", s)
 	}
 }
 

@@ -23,7 +23,8 @@ import (
 // container runs it, the proxy's container runs without privileges). It programs
 // no rule and, unlike kube-proxy, does not contact the API server: nothing it
 // does depends on the cluster. The setup:
-//   - the conntrack sysctls (--conntrack-*), in the host's network namespace;
+//   - the conntrack sysctls (--conntrack-*); outside the machine's initial
+//     network namespace only the per-namespace ones (conntrackSysctls);
 //   - iptables mode, when IPv4 NodePorts answer on 127.0.0.1 (the default):
 //     net.ipv4.conf.all.route_localnet=1;
 //   - IPVS mode: loading IPVS, and its sysctls (with --ipvs-strict-arp the ARP
@@ -33,12 +34,8 @@ import (
 // so an init container that cannot do its one job fails.
 func InitOnly(cfg *config.Config) error {
 	var errs []error
-	if inHostNetns() {
-		if err := conntrackSysctls(cfg).Apply(conntrack.HostSysFS, conntrack.HostSysFS.NumCPU()); err != nil {
-			errs = append(errs, fmt.Errorf("conntrack sysctls: %w", err))
-		}
-	} else {
-		klog.InfoS("Not in the host network namespace; leaving conntrack sysctls alone")
+	if err := conntrackSysctls(cfg, conntrack.HostSysFS).Apply(conntrack.HostSysFS, conntrack.HostSysFS.NumCPU()); err != nil {
+		errs = append(errs, fmt.Errorf("conntrack sysctls: %w", err))
 	}
 	switch cfg.ProxyMode {
 	case config.ModeIPTables:

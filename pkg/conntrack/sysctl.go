@@ -79,6 +79,27 @@ type SysFS struct {
 // HostSysFS is the running kernel's.
 var HostSysFS = SysFS{ProcSys: "/proc/sys", Sys: "/sys"}
 
+// Global reports whether the machine-wide settings (nf_conntrack_max and the hash
+// size) can be changed from this network namespace: the kernel makes
+// nf_conntrack_max read-only (mode 0444) in every namespace but the initial one,
+// whoever asks. That holds in a pod whatever its PID namespace, where /proc/1 is
+// the pod's own process. known is false when it cannot be told (no conntrack
+// yet).
+func (fs SysFS) Global() (global, known bool) {
+	st, err := os.Stat(filepath.Join(fs.ProcSys, "net/netfilter/nf_conntrack_max"))
+	if err != nil {
+		return false, false
+	}
+	return st.Mode().Perm()&0o222 != 0, true
+}
+
+// NetnsOnly returns s without the machine-wide settings (nf_conntrack_max and
+// the hash size): what a network namespace other than the initial one can take.
+func (s Sysctls) NetnsOnly() Sysctls {
+	s.MaxPerCore, s.Min = 0, 0
+	return s
+}
+
 // Apply writes the settings that differ from the kernel's, and raises the
 // conntrack hash size to a quarter of nf_conntrack_max when it is smaller (as
 // kube-proxy does). Every setting is attempted; the error joins those that failed

@@ -116,3 +116,25 @@ func TestSysctlsApplyReportsEveryFailure(t *testing.T) {
 		t.Fatalf("a failure stopped the other settings: udp timeout %s", got)
 	}
 }
+
+// Global tells the initial network namespace (nf_conntrack_max writable) from
+// the others (read-only there, as the kernel makes it).
+func TestSysFSGlobal(t *testing.T) {
+	fs := fakeSysFS(t, map[string]string{"proc/net/netfilter/nf_conntrack_max": "131072"})
+	if g, known := fs.Global(); !g || !known {
+		t.Errorf("writable nf_conntrack_max: Global() = %v, %v, want true, true", g, known)
+	}
+	if err := os.Chmod(filepath.Join(fs.ProcSys, "net/netfilter/nf_conntrack_max"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if g, known := fs.Global(); g || !known {
+		t.Errorf("read-only nf_conntrack_max: Global() = %v, %v, want false, true", g, known)
+	}
+	if _, known := fakeSysFS(t, nil).Global(); known {
+		t.Error("no nf_conntrack_max: Global() known")
+	}
+	s := Sysctls{MaxPerCore: 32768, Min: 131072, TCPEstablishedTimeout: time.Hour}.NetnsOnly()
+	if s.Max(4) != 0 || s.TCPEstablishedTimeout != time.Hour {
+		t.Errorf("NetnsOnly: %+v", s)
+	}
+}
