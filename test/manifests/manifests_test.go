@@ -6,6 +6,8 @@ package manifests
 
 import (
 	"bytes"
+	"net/netip"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dsproxy/dsproxy/pkg/app"
 	"github.com/dsproxy/dsproxy/pkg/config"
 )
 
@@ -52,6 +55,65 @@ func TestConfigMapIsAValidKubeProxyConfiguration(t *testing.T) {
 	}
 	if cfg.ProxyMode != config.ModeNFTables || len(cfg.ClusterCIDRs) != 2 {
 		t.Fatalf("unexpected config: mode %q clusterCIDRs %v", cfg.ProxyMode, cfg.ClusterCIDRs)
+	}
+}
+
+// The API server must be reached without a Service proxy: the in-cluster
+// configuration's address is the "kubernetes" Service's ClusterIP, which only
+// this proxy would serve. So the config names the ConfigMap's kubeconfig.conf
+// (as kubeadm's kube-proxy does), whose server is a host name or a node address,
+// with the pod's ServiceAccount token and CA; and the pod resolves names with the
+// node's resolver, not the cluster DNS (a Service too).
+func TestAPIServerReachedWithoutAProxy(t *testing.T) {
+	var cm v1.ConfigMap
+	strict(t, documents(t, "../../deploy/configmap.yaml")[0], &cm)
+	cfg, err := config.Decode([]byte(cm.Data["config.conf"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const dir = "/var/lib/dsproxy/"
+	kc := cfg.ClientConnection.Kubeconfig
+	if !strings.HasPrefix(kc, dir) || cm.Data[strings.TrimPrefix(kc, dir)] == "" {
+		t.Fatalf("clientConnection.kubeconfig %q: want a key of the ConfigMap, mounted at %s", kc, dir)
+	}
+	// The token and CA paths must be the ServiceAccount's; here they point at
+	// stand-ins so that the client configuration builds as the daemon builds it.
+	const sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+	raw := cm.Data[strings.TrimPrefix(kc, dir)]
+	if !strings.Contains(raw, "tokenFile: "+sa+"token") || !strings.Contains(raw, "certificate-authority: "+sa+"ca.crt") {
+		t.Fatalf("kubeconfig.conf does not use the ServiceAccount's token and CA:\n%s", raw)
+	}
+	tmp := t.TempDir()
+	if err := os.WriteFile(tmp+"/token", []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tmp+"/ca.crt", nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tmp+"/kubeconfig.conf", []byte(strings.ReplaceAll(raw, sa, tmp+"/")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ClientConnection.Kubeconfig = tmp + "/kubeconfig.conf"
+	rc, err := app.RESTConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(rc.Host)
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" {
+		t.Fatalf("API server %q: want https://<host>:<port>", rc.Host)
+	}
+	if a, err := netip.ParseAddr(u.Hostname()); err == nil {
+		for _, p := range []string{"10.96.0.0/16", "fd00:10:96::/112"} { // kind's service CIDRs
+			if netip.MustParsePrefix(p).Contains(a) {
+				t.Errorf("API server %s is a Service address", rc.Host)
+			}
+		}
+	}
+
+	var ds appsv1.DaemonSet
+	strict(t, documents(t, "../../deploy/daemonset.yaml")[0], &ds)
+	if p := ds.Spec.Template.Spec.DNSPolicy; p == v1.DNSClusterFirstWithHostNet {
+		t.Errorf("dnsPolicy %s: names would resolve through the cluster DNS Service", p)
 	}
 }
 
@@ -96,6 +158,14 @@ func TestDaemonSet(t *testing.T) {
 			t.Fatal(err)
 		}
 		return cfg
+	}
+	// The health server answers once the Node (30 s) and, with NodeCIDR, its
+	// PodCIDRs (5 min) are there: no probe may restart the pod before.
+	if sp := c.StartupProbe; sp == nil || sp.PeriodSeconds*sp.FailureThreshold < 330 {
+		t.Errorf("startup probe %+v: want one that waits at least 5.5 min", sp)
+	}
+	if lp := c.LivenessProbe; lp == nil || lp.HTTPGet == nil || lp.HTTPGet.Path != "/livez" {
+		t.Errorf("liveness probe %+v: want /livez", lp)
 	}
 	cfg := parse(c.Command)
 	if cfg.HostnameOverride != "node-a" || !cfg.CleanupKubeProxy || cfg.InitOnly {
