@@ -169,6 +169,12 @@ func (k *Kernel) mipvsService(s Service) *mipvs.Service {
 	if s.Persistent {
 		out.Flags, out.Timeout = 1, s.Timeout // IP_VS_SVC_F_PERSISTENT
 	}
+	if s.Scheduler == "mh" {
+		// IP_VS_SVC_F_SCHED_MH_PORT: hash the source port with the source
+		// address, as kube-proxy sets it; without it every connection of a
+		// client goes to one real server, as if it asked for affinity.
+		out.Flags |= 0x10
+	}
 	return out
 }
 

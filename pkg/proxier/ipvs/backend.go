@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -676,11 +677,44 @@ func Sysctls(f *family.Family, strictARP bool) [][2]string {
 		// rather than hanging; templates of a drained one expire.
 		{"net/ipv4/vs/expire_nodest_conn", "1"},
 		{"net/ipv4/vs/expire_quiescent_template", "1"},
+		// As kube-proxy's IPVS mode: the node forwards what IPVS sends on.
+		{"net/ipv4/ip_forward", "1"},
+	}
+	if connReuseModeFix(kernelRelease()) {
+		// As kube-proxy: kernels 4.1 to 5.8 delay a connection that reuses a
+		// source port of one IPVS still tracks by a second unless this is 0
+		// (kubernetes#93297); later kernels fixed that, earlier lack it.
+		sysctls = append(sysctls, [2]string{"net/ipv4/vs/conn_reuse_mode", "0"})
 	}
 	if strictARP && f.BitLen == 32 {
 		sysctls = append(sysctls, [2]string{"net/ipv4/conf/all/arp_ignore", "1"}, [2]string{"net/ipv4/conf/all/arp_announce", "2"})
 	}
 	return sysctls
+}
+
+// kernelRelease is the running kernel's release ("6.1.0-28-amd64"), "" when
+// unknown.
+func kernelRelease() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// connReuseModeFix reports whether a kernel release is one of those (4.1 to 5.8)
+// where kube-proxy sets net/ipv4/vs/conn_reuse_mode to 0.
+func connReuseModeFix(release string) bool {
+	major, rest, _ := strings.Cut(release, ".")
+	minor, _, _ := strings.Cut(rest, ".")
+	minor, _, _ = strings.Cut(minor, "-")
+	ma, err1 := strconv.Atoi(major)
+	mi, err2 := strconv.Atoi(minor)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	v := ma*1000 + mi
+	return v >= 4001 && v < 5009
 }
 
 // setup creates the dummy link and the ipsets, sets IPVS's sysctls, and writes

@@ -933,3 +933,19 @@ func TestNotUnicastLeftOut(t *testing.T) {
 		})
 	}
 }
+
+// The IPVS mode's sysctls are kube-proxy's: ip_forward on, and conn_reuse_mode
+// 0 on the kernels (4.1 to 5.8) with the one-second delay on reused ports.
+func TestSysctls(t *testing.T) {
+	if !slices.Contains(Sysctls(family.IPv4, false), [2]string{"net/ipv4/ip_forward", "1"}) {
+		t.Errorf("no ip_forward in %v", Sysctls(family.IPv4, false))
+	}
+	for rel, want := range map[string]bool{
+		"4.0.9": false, "4.1.0": true, "4.18.0-553.el8_10.x86_64": true, "5.8.18": true,
+		"5.9.0": false, "6.1.0-28-amd64": false, "5.10": false, "": false, "x.y": false,
+	} {
+		if got := connReuseModeFix(rel); got != want {
+			t.Errorf("kernel %q: conn_reuse_mode fix %v, want %v", rel, got, want)
+		}
+	}
+}
