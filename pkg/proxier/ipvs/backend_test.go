@@ -860,6 +860,11 @@ func TestRuleset(t *testing.T) {
 	if strings.Contains(rs, "10.64.0.0/16") {
 		t.Error("IPv6 ruleset matches an IPv4 pod CIDR")
 	}
+	noDetector := node(family.IPv4)
+	noDetector.Local = proxier.LocalDetector{}
+	if rs := ruleset(noDetector, 14, true, false); !strings.Contains(rs, "-A DSIPVS-SERVICES -m set --match-set DSIPVS-CLUSTER-IP src,dst -j DSIPVS-MARK-MASQ\n") {
+		t.Errorf("no local-traffic detector: the node's connections from a ClusterIP source are not masqueraded:\n%s", rs)
+	}
 	n.MasqueradeAll = true
 	if rs := ruleset(n, 3, false, false); !strings.Contains(rs, "-A DSIPVS-SERVICES -m set --match-set DSIPVS6-CLUSTER-IP dst,dst -j DSIPVS-MARK-MASQ\n") ||
 		!strings.Contains(rs, "--or-mark 0x8\n") {

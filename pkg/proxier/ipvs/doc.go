@@ -37,7 +37,9 @@
 //	nat:
 //	  PREROUTING, OUTPUT: -j DSIPVS-SERVICES
 //	  POSTROUTING:        -j DSIPVS-POSTROUTING
-//	  DSIPVS-SERVICES:    CLUSTER-IP dst,dst -j DSIPVS-MASQ-NONLOCAL (masqueradeAll: -j DSIPVS-MARK-MASQ)
+//	  DSIPVS-SERVICES:    CLUSTER-IP dst,dst -j DSIPVS-MASQ-NONLOCAL (masqueradeAll: -j DSIPVS-MARK-MASQ;
+//	                      no local-traffic detector: CLUSTER-IP src,dst -j DSIPVS-MARK-MASQ, the
+//	                      node's connections, sourced from a Service address on the dummy link)
 //	                      EXTERNAL dst,dst -j DSIPVS-MARK-MASQ
 //	  DSIPVS-MASQ-NONLOCAL: <from local pods> -j RETURN; -j DSIPVS-MARK-MASQ
 //	  DSIPVS-MARK-MASQ:   -j MARK --or-mark <masquerade bit>

@@ -50,6 +50,12 @@ func ruleset(node *proxier.NodeConfig, masqBit int, randomFully, keepInvalid boo
 		w("-A %s %s -j %s", chainServices, set(setClusterIP, "dst,dst"), chainMarkMasq)
 	case node.Local.Mode != proxier.LocalModeNone:
 		w("-A %s %s -j %s", chainServices, set(setClusterIP, "dst,dst"), chainMasqNonLoc)
+	default:
+		// Without a local-traffic detector, as kube-proxy: the node's own
+		// connections to a ClusterIP take a Service address on the dummy link
+		// as their source, which only this node holds, so they are
+		// masqueraded (source a ClusterIP, destination a Service port).
+		w("-A %s %s -j %s", chainServices, set(setClusterIP, "src,dst"), chainMarkMasq)
 	}
 	w("-A %s %s -j %s", chainServices, set(setExternal, "dst,dst"), chainMarkMasq)
 	for _, m := range localMatches(node.Local, f.BitLen) {
