@@ -5,6 +5,7 @@ package porttest
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -50,6 +51,7 @@ func Port(f *family.Family, svc string, n int, eps ...int) *model.PortState {
 func Node(f *family.Family, addrs ...netip.Addr) *proxier.NodeConfig {
 	return &proxier.NodeConfig{
 		Family: f, NodeIP: Addr(f, "192.0.2.1", "2001:db8::1"),
+		LocalAddrs:        slices.SortedFunc(slices.Values(addrs), netip.Addr.Compare),
 		NodePortAddresses: nodeport.Addresses{Family: f, MatchAll: true, Addrs: addrs},
 		ServiceCIDRs:      []netip.Prefix{netip.PrefixFrom(Addr(f, "10.96.0.0", "fd00:96::"), map[int]int{32: 16, 128: 112}[f.BitLen])},
 		Local:             proxier.LocalDetector{Mode: proxier.LocalModeClusterCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.64.0.0/16"), netip.MustParsePrefix("fd00:64::/48")}},

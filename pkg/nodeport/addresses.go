@@ -159,7 +159,7 @@ type Addresses struct {
 	// MatchAll means every local address of Family except loopback: the backend should
 	// match "destination is local and not in Family.Loopback" (kube-proxy nftables:
 	// "fib daddr type local" plus its noLocalhost check) rather than list Addrs,
-	// which then only tells what is local now.
+	// which then only tells what is local now, link-local addresses aside.
 	MatchAll bool
 	// Addrs are sorted, unique, never loopback.
 	Addrs []netip.Addr
@@ -202,6 +202,11 @@ func (s Spec) Resolve(l AddrLister, primary netip.Addr) (Addresses, error) {
 			continue
 		}
 		switch {
+		case out.MatchAll && a.IsLinkLocalUnicast():
+			// Every interface has its own (each pod's host-side veth): listed,
+			// they would make every pod's arrival a node change, and no
+			// backend serves NodePorts on them by address (the rules of
+			// "every local address" match them by type).
 		case !f.Loopback.Contains(a):
 			out.Addrs = append(out.Addrs, a)
 		case !out.MatchAll:

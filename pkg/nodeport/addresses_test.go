@@ -65,14 +65,14 @@ func TestNodePortAddresses(t *testing.T) {
 		wantLoopback []string
 	}{{
 		name: "unset: all local addresses, never loopback", wantSpec: "all", wantOther: "all",
-		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}", "{linklocal}"},
+		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}"},
 	}, {
 		name: "a CIDR of the family", values: []string{"{net1}"}, wantSpec: "{net1}", wantOther: "all",
 		wantAddrs: []string{"{node}"},
 	}, {
 		name: "only the other family's CIDRs leave this family unrestricted", values: []string{"{o:net1}"},
 		wantSpec: "all", wantOther: "{o:net1}",
-		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}", "{linklocal}"},
+		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}"},
 	}, {
 		name: "CIDRs of both families, repeated, unmasked", values: []string{"{net2}", "{o:net1}", "{net1sloppy}", " {net2} "},
 		wantSpec: "{net1},{net2}", wantOther: "{o:net1}",
@@ -80,7 +80,7 @@ func TestNodePortAddresses(t *testing.T) {
 	}, {
 		name: "a zero-length CIDR overrides the others", values: []string{"{net1}", "{any}"},
 		wantSpec: "all", wantOther: "all",
-		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}", "{linklocal}"},
+		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}"},
 	}, {
 		name: "a host CIDR", values: []string{"{nodehost}"}, wantSpec: "{nodehost}", wantOther: "all",
 		wantAddrs: []string{"{node}"},
@@ -96,15 +96,15 @@ func TestNodePortAddresses(t *testing.T) {
 		wantSpec: "primary", wantOther: "primary",
 	}, {
 		name: "primary unknown: all, as kube-proxy", values: []string{"primary"}, wantSpec: "primary", wantOther: "primary",
-		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}", "{linklocal}"},
+		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}"},
 	}, {
 		name: "primary loopback (kube-proxy's no node IP): all", values: []string{"primary"}, primary: "{loopback}",
 		wantSpec: "primary", wantOther: "primary",
-		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}", "{linklocal}"},
+		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}"},
 	}, {
 		name: "primary of the other family: all", values: []string{"primary"}, primary: "{o:node}",
 		wantSpec: "primary", wantOther: "primary",
-		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}", "{linklocal}"},
+		wantMatchAll: true, wantAddrs: []string{"{node}", "{second}"},
 	}}
 	for _, tc := range tests {
 		for _, f := range family.All {

@@ -104,6 +104,11 @@ type NodeConfig struct {
 	Family *family.Family
 	// NodeIP is the node's IP of this family (may be invalid when unknown).
 	NodeIP netip.Addr
+	// LocalAddrs are the family's addresses on the node's interfaces (those
+	// Config.Addrs lists: in IPVS mode not the dummy link's), loopback
+	// included, link-local ones aside, sorted. IPVS mode binds no Service
+	// address that is one of them, as kube-proxy's.
+	LocalAddrs []netip.Addr
 	// NodePortAddresses are where NodePorts are served.
 	NodePortAddresses nodeport.Addresses
 	// ReservedNodePorts are ports Services of the other family hold: rejected here.
@@ -120,7 +125,7 @@ func (c *NodeConfig) Equal(o *NodeConfig) bool {
 	if c == nil || o == nil {
 		return c == o
 	}
-	return c.Family == o.Family && c.NodeIP == o.NodeIP &&
+	return c.Family == o.Family && c.NodeIP == o.NodeIP && slices.Equal(c.LocalAddrs, o.LocalAddrs) &&
 		c.NodePortAddresses.MatchAll == o.NodePortAddresses.MatchAll &&
 		slices.Equal(c.NodePortAddresses.Addrs, o.NodePortAddresses.Addrs) &&
 		slices.Equal(c.NodePortAddresses.Loopback, o.NodePortAddresses.Loopback) &&

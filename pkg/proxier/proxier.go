@@ -421,13 +421,18 @@ func (p *Proxier) nodeInputs() (model.NodeInfo, *NodeConfig, error) {
 	p.mu.Lock()
 	node, nodeIP, cidrs, local := p.node, p.nodeIP, p.serviceCIDRs, p.local
 	p.mu.Unlock()
-	addrs, err := p.cfg.NodePortSpec.Resolve(p.cfg.Addrs, nodeIP)
+	ifAddrs, err := p.cfg.Addrs.InterfaceAddrs()
+	if err != nil {
+		return model.NodeInfo{}, nil, fmt.Errorf("%s: listing local addresses for NodePorts: %w", p.cfg.Family, err)
+	}
+	addrs, err := p.cfg.NodePortSpec.Resolve(nodeport.AddrListerFunc(func() ([]netip.Addr, error) { return ifAddrs, nil }), nodeIP)
 	if err != nil {
 		return model.NodeInfo{}, nil, fmt.Errorf("%s: resolving --nodeport-addresses: %w", p.cfg.Family, err)
 	}
 	cfg := &NodeConfig{
 		Family:            p.cfg.Family,
 		NodeIP:            nodeIP,
+		LocalAddrs:        localAddrs(p.cfg.Family, ifAddrs),
 		NodePortAddresses: addrs,
 		ServiceCIDRs:      cidrs,
 		Local:             local,
@@ -437,6 +442,19 @@ func (p *Proxier) nodeInputs() (model.NodeInfo, *NodeConfig, error) {
 		cfg.ReservedNodePorts = p.cfg.NodePorts.ReservedFor(p.cfg.Family).Keys
 	}
 	return model.NodeInfoFrom(p.cfg.NodeName, node), cfg, nil
+}
+
+// localAddrs are the addresses of f in local, sorted, unique, link-local ones
+// aside (see NodeConfig.LocalAddrs).
+func localAddrs(f *family.Family, local []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range local {
+		if a = a.Unmap().WithZone(""); f.Contains(a) && !a.IsLinkLocalUnicast() {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 // localChanged reports whether a changed port, before or after, depends on local

@@ -440,3 +440,48 @@ func TestNodeDeleteKeepsZone(t *testing.T) {
 		t.Fatalf("after the Node's deletion: %d cluster endpoints, want the zone's 1", n)
 	}
 }
+
+// The node config follows the node's addresses: a new global address is a node
+// change (NodePorts on it; in IPVS mode, Service addresses that are the node's
+// are not bound), a link-local one (each pod's host-side veth has its own) is not.
+func TestNodeAddressChanges(t *testing.T) {
+	ctx := context.Background()
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			b := &recordingBackend{}
+			local := []netip.Addr{testaddr.Node(f, 1), f.Loopback.Addr(), testaddr.Node(f.Other(), 1)}
+			addrs := nodeport.AddrListerFunc(func() ([]netip.Addr, error) { return slices.Clone(local), nil })
+			p, err := New(Config{Family: f, NodeName: "node-a", Backend: b, Addrs: addrs, NodeIP: testaddr.Node(f, 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Sync(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := b.last(t).Node.LocalAddrs, []netip.Addr{f.Loopback.Addr(), testaddr.Node(f, 1)}; !slices.Equal(got, want) {
+				t.Fatalf("LocalAddrs %v, want %v", got, want)
+			}
+			linkLocal := netip.MustParseAddr("169.254.7.7")
+			if f.BitLen == 128 {
+				linkLocal = netip.MustParseAddr("fe80::7")
+			}
+			local = append(local, linkLocal)
+			p.OnServiceAdd(service(f, "web", f))
+			if err := p.Sync(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			if r := b.last(t); r.NodeChanged || r.Full {
+				t.Errorf("a link-local address came: node changed %v, full %v", r.NodeChanged, r.Full)
+			}
+			local = append(local, testaddr.Node(f, 2))
+			p.OnServiceDelete(service(f, "web", f))
+			if err := p.Sync(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			if r := b.last(t); !r.NodeChanged || !slices.Contains(r.Node.LocalAddrs, testaddr.Node(f, 2)) ||
+				!slices.Contains(r.Node.NodePortAddresses.Addrs, testaddr.Node(f, 2)) {
+				t.Errorf("a global address came: node changed %v, %+v", r.NodeChanged, r.Node)
+			}
+		})
+	}
+}
