@@ -954,3 +954,32 @@ func TestSysctls(t *testing.T) {
 		}
 	}
 }
+
+// An ExternalIP or VIP that is one of the node's own addresses (k3s' ServiceLB
+// writes node IPs into the load balancer status) is served but neither bound on
+// the dummy link nor in IPS, as kube-proxy does: in IPS the INPUT rules refuse
+// new connections to every other port of it (ssh, the kubelet).
+func TestNodeAddressNotBound(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			k := newFake()
+			b := newBackend(f, k)
+			n := node(f)
+			own, other := n.NodePortAddresses.Addrs[0], addr(f, "203.0.113.9", "2001:db8:9::9")
+			ps := port(f, "web", 10, 1)
+			ps.ExternalIPs = []netip.Addr{own}
+			ps.LoadBalancerVIPs = []netip.Addr{other}
+			sync(t, b, &proxier.SyncRequest{Full: true, State: state(ps), Node: n})
+			ips := k.sets[setName(f, setIPs)]
+			if k.addrs[own] || ips[ipvs.Entry{IP: own}] {
+				t.Errorf("node address %s: bound %v, in IPS %v", own, k.addrs[own], ips[ipvs.Entry{IP: own}])
+			}
+			if !k.addrs[other] || !ips[ipvs.Entry{IP: other}] {
+				t.Errorf("VIP %s: bound %v, in IPS %v, want both", other, k.addrs[other], ips[ipvs.Entry{IP: other}])
+			}
+			if _, ok := k.svcs[ipvs.Key{Addr: own, Proto: 6, Port: ps.Port}]; !ok {
+				t.Errorf("no virtual server on the node address %s", own)
+			}
+		})
+	}
+}

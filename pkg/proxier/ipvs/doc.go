@@ -15,7 +15,8 @@
 //	  one with the cluster endpoints, for the node's and its pods' connections, as
 //	  kube-proxy's IPVS mode: others are dropped, where kube-proxy's IPVS mode
 //	  forwards them with their source, and the reply is usually lost)
-//	dsproxy-ipvs0 (dummy link, up):          the ClusterIP, ExternalIPs and VIPs
+//	dsproxy-ipvs0 (dummy link, up):          the ClusterIP, ExternalIPs and VIPs (not an
+//	                                         address the node has on another link, as kube-proxy)
 //	ipsets (DSIPVS-<name>, IPv6 DSIPVS6-<name>):
 //	  CLUSTER-IP          clusterIP,proto:port
 //	  EXTERNAL            external address,proto:port, traffic policy Cluster
@@ -28,7 +29,7 @@
 //	  NO-LOCAL-ENDPOINTS  ... with endpoints on other nodes only (traffic policy Local)
 //	  NO-LOCAL-EXTERNAL   the same for an external address of a port whose cluster
 //	                      endpoints then serve local sources (virtual server with them)
-//	  IPS                 every address on dsproxy-ipvs0
+//	  IPS                 every address on dsproxy-ipvs0 (so not the node's own)
 //	  HEALTH-CHECK        NodePort address,tcp:health check node port
 //	  RESERVED            NodePort address,proto:port the other family holds
 //

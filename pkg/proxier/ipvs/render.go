@@ -186,10 +186,18 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 		ext, fallback = setExternalLocal, ps.Cluster
 	}
 	external := ps.ExternalEndpoints()
+	// bind adds an external address to the dummy link (and IPS), unless it is
+	// one of the node's own already: as kube-proxy's, since in IPS the INPUT
+	// rules would refuse every other port of it (ssh, the kubelet).
+	bind := func(a netip.Addr) {
+		if _, own := slices.BinarySearchFunc(node.LocalAddrs, a, netip.Addr.Compare); !own {
+			o.addrs = append(o.addrs, a)
+		}
+	}
 	for _, a := range ps.ExternalIPs {
 		if serves(a) {
 			o.members = append(o.members, member{ext, add(a, ps.Port, external, fallback)})
-			o.addrs = append(o.addrs, a)
+			bind(a)
 		}
 	}
 	anySource := len(ps.SourceRanges) == 0 || slices.ContainsFunc(ps.SourceRanges, func(p netip.Prefix) bool { return p.Bits() == 0 })
@@ -199,7 +207,7 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 		}
 		e := add(a, ps.Port, external, fallback)
 		o.members = append(o.members, member{ext, e})
-		o.addrs = append(o.addrs, a)
+		bind(a)
 		if anySource {
 			continue
 		}
