@@ -331,6 +331,8 @@ func TestRender(t *testing.T) {
 		"LOOP-BACK 10.64.0.1 6 8080 10.64.0.1/0",
 		"HEALTH-CHECK 192.0.2.1 6 32000 invalid IP/0",
 		"HEALTH-CHECK 198.51.100.1 6 32000 invalid IP/0",
+		"HEALTH-CHECK 203.0.113.1 6 32000 invalid IP/0",
+		"HEALTH-CHECK 203.0.113.2 6 32000 invalid IP/0",
 		"bind 10.96.0.10",
 		"bind 203.0.113.1",
 		"bind 203.0.113.2",
@@ -981,5 +983,23 @@ func TestNodeAddressNotBound(t *testing.T) {
 				t.Errorf("no virtual server on the node address %s", own)
 			}
 		})
+	}
+}
+
+// The health check node port answers on the Service's VIP too (some load
+// balancers probe the VIP), as kube-proxy's IPVS mode lets it through on every
+// address; before, the VIP being in IPS, the INPUT rules refused it.
+func TestHealthCheckOnVIP(t *testing.T) {
+	for _, f := range family.All {
+		ps := port(f, "web", 10, 1)
+		vip := addr(f, "203.0.113.2", "2001:db8:2::2")
+		ps.LoadBalancerVIPs, ps.HealthCheckNodePort, ps.NodePort = []netip.Addr{vip}, 32000, 30010
+		n := node(f)
+		o := render(ps, n, "rr")
+		for _, a := range []netip.Addr{vip, n.NodePortAddresses.Addrs[0]} {
+			if !slices.Contains(o.members, member{setHealthCheck, ipvs.Entry{IP: a, Proto: 6, Port: 32000}}) {
+				t.Errorf("%s: %s:32000 not in HEALTH-CHECK: %v", f, a, o.members)
+			}
+		}
 	}
 }

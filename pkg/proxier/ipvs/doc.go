@@ -30,7 +30,7 @@
 //	  NO-LOCAL-EXTERNAL   the same for an external address of a port whose cluster
 //	                      endpoints then serve local sources (virtual server with them)
 //	  IPS                 every address on dsproxy-ipvs0 (so not the node's own)
-//	  HEALTH-CHECK        NodePort address,tcp:health check node port
+//	  HEALTH-CHECK        NodePort address (and the Service's ExternalIPs, VIPs),tcp:health check node port
 //	  RESERVED            NodePort address,proto:port the other family holds
 //
 // The iptables rules (chains DSIPVS-*) depend on node settings only:

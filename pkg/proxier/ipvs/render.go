@@ -189,7 +189,9 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 	// bind adds an external address to the dummy link (and IPS), unless it is
 	// one of the node's own already: as kube-proxy's, since in IPS the INPUT
 	// rules would refuse every other port of it (ssh, the kubelet).
+	var served []netip.Addr // the external addresses served, for the health check
 	bind := func(a netip.Addr) {
+		served = append(served, a)
 		if _, own := slices.BinarySearchFunc(node.LocalAddrs, a, netip.Addr.Compare); !own {
 			o.addrs = append(o.addrs, a)
 		}
@@ -240,7 +242,11 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 		}
 	}
 	if ps.HealthCheckNodePort != 0 {
-		for _, a := range nodePortAddrs(node) {
+		// On the NodePort addresses and, as kube-proxy's IPVS mode lets the
+		// port through on every address, on the Service's own external
+		// addresses: some load balancers probe the VIP (in IPS, whose INPUT
+		// rule would refuse it).
+		for _, a := range slices.Concat(nodePortAddrs(node), served) {
 			o.members = append(o.members, member{setHealthCheck, ipvs.Entry{IP: a, Proto: 6, Port: ps.HealthCheckNodePort}})
 		}
 	}
