@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -324,4 +325,68 @@ func TestIPVSAdopt(t *testing.T) {
 		e.expectServed(t, client, TCP, vips[f], client.IP(f), pods...)
 	}
 	e.expectNoRepairs(t, "after the adoption")
+}
+
+// TestIPVSLastEndpointDrains: when a port's last endpoint goes, its open TCP
+// connections go on (its virtual server stays with the real server at weight
+// 0, as kube-proxy keeps the virtual server of a port without endpoints) while
+// new connections are refused; once they end, a periodic check deletes both.
+func TestIPVSLastEndpointDrains(t *testing.T) {
+	e := newProxyNodeMode(t, modeIPVS)
+	a := e.c.AddPod("pod-a")
+	client := e.c.AddPod("client")
+	a.Serve(TCP, pxPodPort)
+	serveEcho(t, echoPort, a)
+	s := svcSpec{name: "last", n: 33, eps: []*NS{a}, extraPorts: []int32{echoPort}}
+	e.apply(s)
+	e.sync(false)
+	conns := map[*family.Family]net.Conn{}
+	for _, f := range family.All {
+		c, err := openConn(client, "tcp", netip.AddrPortFrom(testaddr.Svc(f, s.n), echoPort))
+		if err != nil {
+			e.fatalf(t, "%s long-lived connection: %v", f, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[f] = c
+	}
+	s.eps = nil
+	e.apply(s)
+	e.sync(false)
+	for _, f := range family.All {
+		rd := bufio.NewReader(conns[f])
+		for i := range 3 {
+			msg := fmt.Sprintf("ping %d\n", i)
+			_ = conns[f].SetDeadline(time.Now().Add(2 * time.Second))
+			if _, err := conns[f].Write([]byte(msg)); err != nil {
+				e.fatalf(t, "%s: the connection to the last endpoint broke: %v", f, err)
+			}
+			if got, err := rd.ReadString('\n'); err != nil || got != msg {
+				e.fatalf(t, "%s: the connection to the last endpoint: %q, %v", f, got, err)
+			}
+		}
+		e.expectRefused(t, client, TCP, netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort))
+		key := ipvs.Key{Addr: testaddr.Svc(f, s.n), Proto: 6, Port: echoPort}
+		present := func() bool {
+			svcs, err := e.ipvsKernel(t, f).Services()
+			if err != nil {
+				e.fatalf(t, "%s: virtual servers: %v", f, err)
+			}
+			return slices.ContainsFunc(svcs, func(v ipvs.Service) bool { return v.Key == key })
+		}
+		if !present() {
+			e.fatalf(t, "%s: the virtual server of the port without endpoints went with a connection open", f)
+		}
+		if tc, ok := conns[f].(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		conns[f].Close()
+		deadline := time.Now().Add(40 * time.Second)
+		for present() {
+			if time.Now().After(deadline) {
+				e.fatalf(t, "%s: the drained virtual server is still there 40 s after its connection ended", f)
+			}
+			time.Sleep(time.Second)
+			e.syncFamily(f, false) // a check sync: nothing changed
+		}
+	}
 }

@@ -305,6 +305,16 @@ func (b *Backend) syncVirtual(res *proxier.SyncResult, k ipvs.Key) error {
 	case want == nil && have == nil:
 		return nil
 	case want == nil:
+		if k.Proto == unix.IPPROTO_TCP && b.carries(k, have) {
+			// As kube-proxy, which keeps the virtual server of a port without
+			// endpoints: its real servers drain, so established connections
+			// go on (new ones are refused by the filter rules), and the
+			// virtual server goes with the last of them (pruneDrained).
+			err := b.syncDests(res, k, nil, have)
+			if len(have.dests) > 0 {
+				return err
+			}
+		}
 		res.Operations++
 		delete(b.have, k)
 		delete(b.draining, k)
@@ -324,6 +334,26 @@ func (b *Backend) syncVirtual(res *proxier.SyncResult, k ipvs.Key) error {
 		have.svc = want.svc
 	}
 	return b.syncDests(res, k, want.dests, have)
+}
+
+// carries reports whether virtual server k has real servers with connections
+// (or whose counts cannot be read). Without, it goes at once rather than
+// draining each real server first: two operations per real server instead of
+// one for the virtual server, when a Service with many endpoints is deleted.
+func (b *Backend) carries(k ipvs.Key, have *virtual) bool {
+	if len(have.dests) == 0 {
+		return false
+	}
+	counts := b.destCounts(k)
+	if counts == nil {
+		return true
+	}
+	for _, c := range counts {
+		if c.Active+c.Inactive > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // syncDests adds, reweights and removes real servers, removing last (as
@@ -484,6 +514,15 @@ func (b *Backend) pruneDrained(res *proxier.SyncResult, only map[ipvs.Key]bool) 
 		}
 		if len(ds) == 0 {
 			delete(b.draining, k)
+			if h := b.have[k]; h != nil && len(h.dests) == 0 && b.want(k) == nil {
+				// The virtual server was kept for these (syncVirtual).
+				res.Operations++
+				if err := b.k.DelService(k); err != nil {
+					klog.ErrorS(err, "Deleting a drained IPVS virtual server", "ipFamily", b.f.Name, "service", k.String())
+					continue
+				}
+				delete(b.have, k)
+			}
 		}
 	}
 }

@@ -851,7 +851,9 @@ func TestRuleset(t *testing.T) {
 		"-A DSIPVS-FORWARD -d fd00:96::/112 -m set ! --match-set DSIPVS6-IPS dst -j DROP",
 		"-A DSIPVS-FORWARD -m conntrack --ctstate INVALID -j DROP",
 		"-A DSIPVS-FIREWALL-OUTPUT -m conntrack --ctstate NEW -m set --match-set DSIPVS6-FIREWALL dst,dst -m set ! --match-set DSIPVS6-SOURCE-RANGES dst,dst,src -j DROP",
-		"-A DSIPVS-INPUT -m set --match-set DSIPVS6-NO-LOCAL-EXTERNAL dst,dst -j DSIPVS-NO-LOCAL-EXTERNAL",
+		"-A DSIPVS-INPUT -m conntrack --ctstate NEW -m set --match-set DSIPVS6-NO-LOCAL-EXTERNAL dst,dst -j DSIPVS-NO-LOCAL-EXTERNAL",
+		"-A DSIPVS-INPUT -m conntrack --ctstate NEW -m set --match-set DSIPVS6-NO-ENDPOINTS dst,dst -p tcp -j REJECT --reject-with tcp-reset",
+		"-A DSIPVS-OUTPUT -m conntrack --ctstate NEW -m set --match-set DSIPVS6-NO-ENDPOINTS dst,dst -j REJECT",
 		"-A DSIPVS-NO-LOCAL-EXTERNAL -s fd00:64::/48 -j RETURN",
 		"-A DSIPVS-NO-LOCAL-EXTERNAL -j DROP",
 	} {
@@ -1001,5 +1003,60 @@ func TestHealthCheckOnVIP(t *testing.T) {
 				t.Errorf("%s: %s:32000 not in HEALTH-CHECK: %v", f, a, o.members)
 			}
 		}
+	}
+}
+
+// A TCP port that loses its last endpoint keeps its virtual server while its
+// connections drain, as kube-proxy keeps it: the real server at weight 0 (new
+// connections are refused by the NEW-only filter rules), then the periodic check
+// deletes both once the connections are gone. Without connections it goes at
+// once; so does a UDP one.
+func TestLastEndpointDrains(t *testing.T) {
+	f := family.IPv4
+	k := newFake()
+	b := newBackend(f, k)
+	name := portName("web")
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 1)), Node: node(f)})
+	ep := netip.AddrPortFrom(addr(f, "10.64.0.1", ""), 8080)
+	vs := ipvs.Key{Addr: addr(f, "10.96.0.10", ""), Proto: 6, Port: 80}
+	k.conns[ep] = 5
+	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10)), Changed: []model.ServicePortName{name}, Node: node(f)})
+	if _, ok := k.svcs[vs]; !ok {
+		t.Fatal("virtual server deleted with 5 connections on its real server")
+	}
+	if d, ok := k.dests[vs][ep]; !ok || d.Weight != 0 {
+		t.Fatalf("real server %+v (present %v), want weight 0", d, ok)
+	}
+	if !k.sets[setName(f, setNoEndpoints)][ipvs.Entry{IP: vs.Addr, Proto: 6, Port: 80}] {
+		t.Error("port without endpoints not in NO-ENDPOINTS: new connections are not refused")
+	}
+	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10)), Node: node(f)}); res.Repairs != 0 {
+		t.Fatalf("full sync while draining: %d repairs", res.Repairs)
+	}
+	if _, ok := k.svcs[vs]; !ok {
+		t.Fatal("full sync deleted the draining virtual server")
+	}
+	// The endpoint comes back while draining: served again at weight 1.
+	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10, 1)), Changed: []model.ServicePortName{name}, Node: node(f)})
+	if d := k.dests[vs][ep]; d.Weight != 1 {
+		t.Fatalf("endpoint back: weight %d, want 1", d.Weight)
+	}
+	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10)), Changed: []model.ServicePortName{name}, Node: node(f)})
+	k.conns[ep] = 0
+	b.Flushed(context.Background())
+	if _, ok := k.svcs[vs]; ok {
+		t.Fatal("drained virtual server without connections not deleted by the check")
+	}
+	if len(k.lost) > 0 {
+		t.Fatalf("real servers deleted on no count read at weight 0: %v", k.lost)
+	}
+	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10)), Node: node(f)}); res.Repairs != 0 {
+		t.Fatalf("full sync after the drain: %d repairs", res.Repairs)
+	}
+	// Without connections: deleted by the sync.
+	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10, 1)), Changed: []model.ServicePortName{name}, Node: node(f)})
+	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10)), Changed: []model.ServicePortName{name}, Node: node(f)})
+	if _, ok := k.svcs[vs]; ok {
+		t.Fatal("virtual server without connections kept")
 	}
 }

@@ -9,8 +9,10 @@
 //	  <clusterIP>:<port>                     real servers: the internal endpoints
 //	  <externalIP or VIP>:<port>             real servers: the external endpoints
 //	  <each NodePort address>:<nodePort>     real servers: the external endpoints
-//	  (no endpoints: no virtual server; the filter rules refuse or drop instead of
-//	  IPVS, whose own ICMP error a local TCP client takes as soft; but an external
+//	  (no endpoints: no virtual server; the filter rules refuse or drop new
+//	  connections instead of IPVS, whose own ICMP error a local TCP client takes
+//	  as soft; a TCP port that loses its last endpoint keeps its virtual server
+//	  while the connections it carries drain, as kube-proxy keeps it; an external
 //	  address with traffic policy Local and endpoints on other nodes only keeps
 //	  one with the cluster endpoints, for the node's and its pods' connections, as
 //	  kube-proxy's IPVS mode: others are dropped, where kube-proxy's IPVS mode
@@ -82,7 +84,11 @@
 // IPVS counts no connection on it, by the same sync (its counts are read after
 // the weight change), a later one or a periodic check. Unlike kube-proxy it is
 // drained even when the counts show none: a connection scheduled between
-// reading them and deleting it would be lost. UDP and SCTP real servers are
+// reading them and deleting it would be lost. A virtual server nothing wants
+// any more (its port lost its last endpoint, or went) is kept the same way
+// while its real servers count connections, at weight 0, and goes with the last
+// of them; without connections it goes at once (one operation, not two per
+// real server). UDP and SCTP real servers are
 // deleted at once, as in kube-proxy, and as the other modes delete their
 // conntrack flows: expire_nodest_conn ends a flow on its next packet, and the
 // client's next datagram or new association goes to another endpoint.

@@ -85,10 +85,12 @@ func ruleset(node *proxier.NodeConfig, masqBit int, randomFully, keepInvalid boo
 		w(":%s - [0:0]", c)
 	}
 	w("-A %s %s -m set ! --match-set %s dst,dst,src -j DROP", chainInput, set(setFirewall, "dst,dst"), setName(f, setSourceRanges))
-	w("-A %s %s -p tcp -j REJECT --reject-with tcp-reset", chainInput, set(setNoEndpoints, "dst,dst"))
-	w("-A %s %s -j REJECT", chainInput, set(setNoEndpoints, "dst,dst"))
-	w("-A %s %s -j DROP", chainInput, set(setNoLocal, "dst,dst"))
-	w("-A %s %s -j %s", chainInput, set(setNoLocalExt, "dst,dst"), chainNoLocalExt)
+	// New connections only: a port that lost its last endpoint keeps its
+	// virtual server while the TCP connections it carries drain.
+	w("-A %s -m conntrack --ctstate NEW %s -p tcp -j REJECT --reject-with tcp-reset", chainInput, set(setNoEndpoints, "dst,dst"))
+	w("-A %s -m conntrack --ctstate NEW %s -j REJECT", chainInput, set(setNoEndpoints, "dst,dst"))
+	w("-A %s -m conntrack --ctstate NEW %s -j DROP", chainInput, set(setNoLocal, "dst,dst"))
+	w("-A %s -m conntrack --ctstate NEW %s -j %s", chainInput, set(setNoLocalExt, "dst,dst"), chainNoLocalExt)
 	for _, m := range localMatches(node.Local, f.BitLen) {
 		w("-A %s %s -j RETURN", chainNoLocalExt, m)
 	}
@@ -114,8 +116,8 @@ func ruleset(node *proxier.NodeConfig, masqBit int, randomFully, keepInvalid boo
 	}
 	// The node's own connections to a port without endpoints fail at once, as
 	// in kube-proxy's other modes (a UDP sender sees EPERM), not after INPUT.
-	w("-A %s %s -p tcp -j REJECT --reject-with tcp-reset", chainOutput, set(setNoEndpoints, "dst,dst"))
-	w("-A %s %s -j REJECT", chainOutput, set(setNoEndpoints, "dst,dst"))
+	w("-A %s -m conntrack --ctstate NEW %s -p tcp -j REJECT --reject-with tcp-reset", chainOutput, set(setNoEndpoints, "dst,dst"))
+	w("-A %s -m conntrack --ctstate NEW %s -j REJECT", chainOutput, set(setNoEndpoints, "dst,dst"))
 	w("-A %s -m mark --mark %s/%s -j ACCEPT", chainForward, mark, mark)
 	w("-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", chainForward)
 	w("COMMIT")
