@@ -43,13 +43,20 @@ func strict(t *testing.T, doc []byte, into any) {
 	}
 }
 
-func TestConfigMapIsAValidKubeProxyConfiguration(t *testing.T) {
+// configMap decodes deploy/configmap.yaml and its config.conf.
+func configMap(t *testing.T) (v1.ConfigMap, *config.Config) {
+	t.Helper()
 	var cm v1.ConfigMap
 	strict(t, documents(t, "../../deploy/configmap.yaml")[0], &cm)
 	cfg, err := config.Decode([]byte(cm.Data["config.conf"]))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cm, cfg
+}
+
+func TestConfigMapIsAValidKubeProxyConfiguration(t *testing.T) {
+	_, cfg := configMap(t)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -65,12 +72,7 @@ func TestConfigMapIsAValidKubeProxyConfiguration(t *testing.T) {
 // with the pod's ServiceAccount token and CA; and the pod resolves names with the
 // node's resolver, not the cluster DNS (a Service too).
 func TestAPIServerReachedWithoutAProxy(t *testing.T) {
-	var cm v1.ConfigMap
-	strict(t, documents(t, "../../deploy/configmap.yaml")[0], &cm)
-	cfg, err := config.Decode([]byte(cm.Data["config.conf"]))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cm, cfg := configMap(t)
 	const dir = "/var/lib/dsproxy/"
 	kc := cfg.ClientConnection.Kubeconfig
 	if !strings.HasPrefix(kc, dir) || cm.Data[strings.TrimPrefix(kc, dir)] == "" {

@@ -166,15 +166,7 @@ func TestIPVSDrain(t *testing.T) {
 	s := svcSpec{name: "drain", n: 32, eps: []*NS{a}, extraPorts: []int32{echoPort}}
 	e.apply(s)
 	e.sync(false)
-	conns := map[*family.Family]net.Conn{}
-	for _, f := range family.All {
-		c, err := openConn(client, "tcp", netip.AddrPortFrom(testaddr.Svc(f, s.n), echoPort))
-		if err != nil {
-			e.fatalf(t, "%s long-lived connection: %v", f, err)
-		}
-		t.Cleanup(func() { c.Close() })
-		conns[f] = c
-	}
+	conns := e.echoConns(t, client, s.n)
 	// realServer reports pod n's real server in virtual server key, if any.
 	realServer := func(f *family.Family, key ipvs.Key, n *NS) (ipvs.Dest, bool) {
 		ds, err := e.ipvsKernel(t, f).Dests(key)
@@ -220,17 +212,7 @@ func TestIPVSDrain(t *testing.T) {
 		e.expectServed(t, client, fl.p, netip.AddrPortFrom(fl.key.Addr, pxSvcPort), client.IP(f), b)
 	}
 	for _, f := range family.All {
-		rd := bufio.NewReader(conns[f])
-		for i := range 3 {
-			msg := fmt.Sprintf("ping %d\n", i)
-			_ = conns[f].SetDeadline(time.Now().Add(2 * time.Second))
-			if _, err := conns[f].Write([]byte(msg)); err != nil {
-				e.fatalf(t, "%s: the connection to the removed endpoint broke: %v", f, err)
-			}
-			if got, err := rd.ReadString('\n'); err != nil || got != msg {
-				e.fatalf(t, "%s: the connection to the removed endpoint: %q, %v", f, got, err)
-			}
-		}
+		e.expectEchoes(t, f, conns[f], "the connection to the removed endpoint")
 		for range 5 {
 			e.expectServed(t, client, TCP, netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort), client.IP(f), b)
 		}
@@ -340,30 +322,12 @@ func TestIPVSLastEndpointDrains(t *testing.T) {
 	s := svcSpec{name: "last", n: 33, eps: []*NS{a}, extraPorts: []int32{echoPort}}
 	e.apply(s)
 	e.sync(false)
-	conns := map[*family.Family]net.Conn{}
-	for _, f := range family.All {
-		c, err := openConn(client, "tcp", netip.AddrPortFrom(testaddr.Svc(f, s.n), echoPort))
-		if err != nil {
-			e.fatalf(t, "%s long-lived connection: %v", f, err)
-		}
-		t.Cleanup(func() { c.Close() })
-		conns[f] = c
-	}
+	conns := e.echoConns(t, client, s.n)
 	s.eps = nil
 	e.apply(s)
 	e.sync(false)
 	for _, f := range family.All {
-		rd := bufio.NewReader(conns[f])
-		for i := range 3 {
-			msg := fmt.Sprintf("ping %d\n", i)
-			_ = conns[f].SetDeadline(time.Now().Add(2 * time.Second))
-			if _, err := conns[f].Write([]byte(msg)); err != nil {
-				e.fatalf(t, "%s: the connection to the last endpoint broke: %v", f, err)
-			}
-			if got, err := rd.ReadString('\n'); err != nil || got != msg {
-				e.fatalf(t, "%s: the connection to the last endpoint: %q, %v", f, got, err)
-			}
-		}
+		e.expectEchoes(t, f, conns[f], "the connection to the last endpoint")
 		e.expectRefused(t, client, TCP, netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort))
 		key := ipvs.Key{Addr: testaddr.Svc(f, s.n), Proto: 6, Port: echoPort}
 		present := func() bool {
@@ -387,6 +351,38 @@ func TestIPVSLastEndpointDrains(t *testing.T) {
 			}
 			time.Sleep(time.Second)
 			e.syncFamily(f, false) // a check sync: nothing changed
+		}
+	}
+}
+
+// echoConns opens a long-lived TCP connection per family from client to the
+// echo port of ClusterIP n, closed at the test's end.
+func (e *proxyNode) echoConns(t *testing.T, client *NS, n int) map[*family.Family]net.Conn {
+	t.Helper()
+	conns := map[*family.Family]net.Conn{}
+	for _, f := range family.All {
+		c, err := openConn(client, "tcp", netip.AddrPortFrom(testaddr.Svc(f, n), echoPort))
+		if err != nil {
+			e.fatalf(t, "%s long-lived connection: %v", f, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[f] = c
+	}
+	return conns
+}
+
+// expectEchoes checks that c still carries data: three lines echoed.
+func (e *proxyNode) expectEchoes(t *testing.T, f *family.Family, c net.Conn, what string) {
+	t.Helper()
+	rd := bufio.NewReader(c)
+	for i := range 3 {
+		msg := fmt.Sprintf("ping %d\n", i)
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			e.fatalf(t, "%s: %s broke: %v", f, what, err)
+		}
+		if got, err := rd.ReadString('\n'); err != nil || got != msg {
+			e.fatalf(t, "%s: %s: %q, %v", f, what, got, err)
 		}
 	}
 }
