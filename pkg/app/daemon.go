@@ -287,6 +287,7 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 		NodePorts:     d.registry,
 		NodePortSpec:  np,
 		Addrs:         addrs,
+		LocalAddrs:    d.cfg.ProxyMode == config.ModeIPVS,
 		NodeIP:        ip,
 		Local:         localDetector(d.cfg, f, node),
 		MasqueradeAll: d.cfg.MasqueradeAll,

@@ -17,7 +17,7 @@ import (
 
 // kubeProxyIPVSLink is the dummy link kube-proxy's IPVS mode binds Service
 // addresses to.
-const kubeProxyIPVSLink = "kube-ipvs0"
+const kubeProxyIPVSLink = ipvs.KubeProxyLinkName
 
 // kubeProxyIPSets are the ipsets kube-proxy v1.36's IPVS mode creates for
 // IPv4; its IPv6 sets are named with KUBE-6- (kubeProxyIPSet).

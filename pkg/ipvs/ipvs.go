@@ -28,6 +28,10 @@ import (
 // kube-proxy's kube-ipvs0.
 const LinkName = "dsproxy-ipvs0"
 
+// KubeProxyLinkName is kube-proxy's IPVS mode's dummy link, which holds Service
+// addresses until dsproxy removes it.
+const KubeProxyLinkName = "kube-ipvs0"
+
 // Key identifies a virtual server: address, IP protocol number and port.
 type Key struct {
 	Addr  netip.Addr
@@ -57,6 +61,9 @@ type Service struct {
 	// Timeout seconds (ClientIP session affinity).
 	Persistent bool
 	Timeout    uint32
+	// HashPort (IP_VS_SVC_F_SCHED_MH_PORT) makes the mh scheduler hash the
+	// source port with the source address, as kube-proxy sets it for mh.
+	HashPort bool
 }
 
 // Dest is a real server; Active and Inactive are the kernel's connection counts
@@ -169,14 +176,14 @@ func (k *Kernel) mipvsService(s Service) *mipvs.Service {
 	if s.Persistent {
 		out.Flags, out.Timeout = 1, s.Timeout // IP_VS_SVC_F_PERSISTENT
 	}
-	if s.Scheduler == "mh" {
-		// IP_VS_SVC_F_SCHED_MH_PORT: hash the source port with the source
-		// address, as kube-proxy sets it; without it every connection of a
-		// client goes to one real server, as if it asked for affinity.
-		out.Flags |= 0x10
+	if s.HashPort {
+		out.Flags |= mhPortFlag
 	}
 	return out
 }
+
+// mhPortFlag is IP_VS_SVC_F_SCHED_MH_PORT (IP_VS_SVC_F_SCHED2).
+const mhPortFlag = 0x10
 
 // probeService is the virtual server CheckScheduler adds and deletes at once: a
 // TEST-NET-2 address (RFC 5737), as kube-proxy's probe uses.
@@ -229,7 +236,7 @@ func (k *Kernel) Services() ([]Service, error) {
 			a = netip.AddrFrom16(a.As16())
 		}
 		out = append(out, Service{Key: Key{Addr: a, Proto: uint8(s.Protocol), Port: s.Port},
-			Scheduler: s.SchedName, Persistent: s.Flags&1 != 0, Timeout: s.Timeout})
+			Scheduler: s.SchedName, Persistent: s.Flags&1 != 0, Timeout: s.Timeout, HashPort: s.Flags&mhPortFlag != 0})
 	}
 	return out, nil
 }
@@ -561,16 +568,19 @@ func SetSysctl(name, value string) error {
 	return nil
 }
 
-// HostAddrs lists the addresses of the host's interfaces but the dummy link's,
-// for NodePorts (nodeport.AddrLister): Service addresses are not NodePort
-// addresses. It is one address dump, as the proxier lists them every sync.
+// HostAddrs lists the addresses of the host's interfaces but the dummy links'
+// (dsproxy's and kube-proxy's), for NodePorts and the node's own addresses
+// (nodeport.AddrLister): Service addresses are neither. It is one address dump,
+// as the proxier lists them every sync.
 type HostAddrs struct{}
 
 // InterfaceAddrs implements nodeport.AddrLister.
 func (HostAddrs) InterfaceAddrs() ([]netip.Addr, error) {
-	skip := -1
-	if l, err := netlink.LinkByName(LinkName); err == nil {
-		skip = l.Attrs().Index
+	skip := map[int]bool{}
+	for _, name := range []string{LinkName, KubeProxyLinkName} {
+		if l, err := netlink.LinkByName(name); err == nil {
+			skip[l.Attrs().Index] = true
+		}
 	}
 	as, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
@@ -578,7 +588,7 @@ func (HostAddrs) InterfaceAddrs() ([]netip.Addr, error) {
 	}
 	out := make([]netip.Addr, 0, len(as))
 	for _, a := range as {
-		if a.LinkIndex == skip {
+		if skip[a.LinkIndex] {
 			continue
 		}
 		if ip, ok := netip.AddrFromSlice(a.IP); ok {

@@ -17,8 +17,8 @@ func TestServiceFlags(t *testing.T) {
 	}{
 		{Service{Key: key, Scheduler: "rr"}, 0},
 		{Service{Key: key, Scheduler: "rr", Persistent: true, Timeout: 60}, 0x1},
-		{Service{Key: key, Scheduler: "mh"}, 0x10},
-		{Service{Key: key, Scheduler: "mh", Persistent: true, Timeout: 60}, 0x11},
+		{Service{Key: key, Scheduler: "mh", HashPort: true}, 0x10},
+		{Service{Key: key, Scheduler: "mh", HashPort: true, Persistent: true, Timeout: 60}, 0x11},
 	} {
 		k := &Kernel{f: family.IPv4}
 		if got := k.mipvsService(c.s).Flags; got != c.want {

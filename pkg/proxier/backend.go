@@ -105,9 +105,9 @@ type NodeConfig struct {
 	// NodeIP is the node's IP of this family (may be invalid when unknown).
 	NodeIP netip.Addr
 	// LocalAddrs are the family's addresses on the node's interfaces (those
-	// Config.Addrs lists: in IPVS mode not the dummy link's), loopback
-	// included, link-local ones aside, sorted. IPVS mode binds no Service
-	// address that is one of them, as kube-proxy's.
+	// Config.Addrs lists: in IPVS mode not the dummy links'), loopback
+	// included, link-local ones aside, sorted; only with Config.LocalAddrs.
+	// IPVS mode binds no Service address that is one of them, as kube-proxy's.
 	LocalAddrs []netip.Addr
 	// NodePortAddresses are where NodePorts are served.
 	NodePortAddresses nodeport.Addresses

@@ -33,6 +33,11 @@ type Config struct {
 	// every local address of the family.
 	NodePortSpec nodeport.Spec
 	Addrs        nodeport.AddrLister
+	// LocalAddrs fills NodeConfig.LocalAddrs (the IPVS mode's), so that a
+	// change of the node's addresses is a node change; other backends leave it
+	// off: with --nodeport-addresses restricting NodePorts, an unrelated address
+	// (a VPN's, an IPv6 temporary one) would redo every rule.
+	LocalAddrs bool
 	// NodeIP is the node's IP of this family as the address-selection package chose
 	// it; SetNodeIP updates it.
 	NodeIP        netip.Addr
@@ -432,11 +437,13 @@ func (p *Proxier) nodeInputs() (model.NodeInfo, *NodeConfig, error) {
 	cfg := &NodeConfig{
 		Family:            p.cfg.Family,
 		NodeIP:            nodeIP,
-		LocalAddrs:        localAddrs(p.cfg.Family, ifAddrs),
 		NodePortAddresses: addrs,
 		ServiceCIDRs:      cidrs,
 		Local:             local,
 		MasqueradeAll:     p.cfg.MasqueradeAll,
+	}
+	if p.cfg.LocalAddrs {
+		cfg.LocalAddrs = localAddrs(p.cfg.Family, ifAddrs)
 	}
 	if p.cfg.NodePorts != nil {
 		cfg.ReservedNodePorts = p.cfg.NodePorts.ReservedFor(p.cfg.Family).Keys

@@ -443,7 +443,9 @@ func TestNodeDeleteKeepsZone(t *testing.T) {
 
 // The node config follows the node's addresses: a new global address is a node
 // change (NodePorts on it; in IPVS mode, Service addresses that are the node's
-// are not bound), a link-local one (each pod's host-side veth has its own) is not.
+// are not bound), a link-local one (each pod's host-side veth has its own) is not;
+// without Config.LocalAddrs (nftables, iptables) and with NodePorts restricted, an
+// unrelated address is not either.
 func TestNodeAddressChanges(t *testing.T) {
 	ctx := context.Background()
 	for _, f := range family.All {
@@ -451,7 +453,7 @@ func TestNodeAddressChanges(t *testing.T) {
 			b := &recordingBackend{}
 			local := []netip.Addr{testaddr.Node(f, 1), f.Loopback.Addr(), testaddr.Node(f.Other(), 1)}
 			addrs := nodeport.AddrListerFunc(func() ([]netip.Addr, error) { return slices.Clone(local), nil })
-			p, err := New(Config{Family: f, NodeName: "node-a", Backend: b, Addrs: addrs, NodeIP: testaddr.Node(f, 1)})
+			p, err := New(Config{Family: f, NodeName: "node-a", Backend: b, Addrs: addrs, LocalAddrs: true, NodeIP: testaddr.Node(f, 1)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -483,5 +485,32 @@ func TestNodeAddressChanges(t *testing.T) {
 				t.Errorf("a global address came: node changed %v, %+v", r.NodeChanged, r.Node)
 			}
 		})
+	}
+}
+
+func TestNodeAddressChangesRestricted(t *testing.T) {
+	ctx := context.Background()
+	f := family.IPv4
+	b := &recordingBackend{}
+	local := []netip.Addr{testaddr.Node(f, 1)}
+	addrs := nodeport.AddrListerFunc(func() ([]netip.Addr, error) { return slices.Clone(local), nil })
+	spec, err := nodeport.ParseAddresses([]string{"primary"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{Family: f, NodeName: "node-a", Backend: b, Addrs: addrs, NodePortSpec: spec[f], NodeIP: testaddr.Node(f, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	local = append(local, netip.MustParseAddr("198.18.0.1"))
+	p.OnServiceAdd(service(f, "web", f))
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if r := b.last(t); r.NodeChanged || r.Node.LocalAddrs != nil {
+		t.Errorf("an address outside the NodePort addresses came: node changed %v, LocalAddrs %v", r.NodeChanged, r.Node.LocalAddrs)
 	}
 }

@@ -104,6 +104,9 @@ func TestAPIServerReachedWithoutAProxy(t *testing.T) {
 	if err != nil || u.Scheme != "https" || u.Hostname() == "" {
 		t.Fatalf("API server %q: want https://<host>:<port>", rc.Host)
 	}
+	if h := u.Hostname(); h == "kubernetes" || strings.HasPrefix(h, "kubernetes.default") || strings.Contains(h+".", ".svc.") {
+		t.Errorf("API server %s is the kubernetes Service's name, resolved by the cluster DNS (a Service)", rc.Host)
+	}
 	if a, err := netip.ParseAddr(u.Hostname()); err == nil {
 		for _, p := range []string{"10.96.0.0/16", "fd00:10:96::/112"} { // kind's service CIDRs
 			if netip.MustParsePrefix(p).Contains(a) {

@@ -54,6 +54,10 @@ const (
 	pxDropWait = 400 * time.Millisecond
 	// pxDialWait bounds dials that must succeed or be refused.
 	pxDialWait = 3 * time.Second
+	// pxServeWait bounds dials that must succeed: a served dial returns long
+	// before, but under the emulated IPVS guest on a loaded host one SCTP dial in
+	// a thousand lost every INIT of 3 s (load-spread, a CI run beside other tests).
+	pxServeWait = 10 * time.Second
 )
 
 // pxServiceCIDR is the service range of f that the proxiers are told about:
@@ -512,7 +516,7 @@ func (e *proxyNode) apply(s svcSpec) {
 // dial dials and fails the test with the node's state on error.
 func (e *proxyNode) dial(t *testing.T, from *NS, p Proto, dst netip.AddrPort) Reply {
 	t.Helper()
-	r, err := Dial(from, p, dst, pxDialWait)
+	r, err := Dial(from, p, dst, pxServeWait)
 	if err != nil {
 		e.fatalf(t, "%s %s -> %s: %v", p, from, dst, err)
 	}

@@ -328,7 +328,11 @@ func TestIPVSLastEndpointDrains(t *testing.T) {
 	e.sync(false)
 	for _, f := range family.All {
 		e.expectEchoes(t, f, conns[f], "the connection to the last endpoint")
+		// New connections are refused, on the kept virtual server's port too
+		// (the node's own get IPVS's ICMP error there while it drains, as from
+		// every virtual server without real servers in kube-proxy's IPVS mode).
 		e.expectRefused(t, client, TCP, netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort))
+		e.expectRefused(t, client, TCP, netip.AddrPortFrom(testaddr.Svc(f, s.n), echoPort))
 		key := ipvs.Key{Addr: testaddr.Svc(f, s.n), Proto: 6, Port: echoPort}
 		present := func() bool {
 			svcs, err := e.ipvsKernel(t, f).Services()

@@ -305,11 +305,13 @@ func (b *Backend) syncVirtual(res *proxier.SyncResult, k ipvs.Key) error {
 	case want == nil && have == nil:
 		return nil
 	case want == nil:
-		if k.Proto == unix.IPPROTO_TCP && b.carries(k, have) {
+		if b.noEndpoints(k) && b.carries(k, have) {
 			// As kube-proxy, which keeps the virtual server of a port without
 			// endpoints: its real servers drain, so established connections
 			// go on (new ones are refused by the filter rules), and the
-			// virtual server goes with the last of them (pruneDrained).
+			// virtual server goes with the last of them (pruneDrained). A
+			// virtual server no port renders at all (a Service, address or
+			// port gone) goes at once, as in kube-proxy.
 			err := b.syncDests(res, k, nil, have)
 			if len(have.dests) > 0 {
 				return err
@@ -334,6 +336,13 @@ func (b *Backend) syncVirtual(res *proxier.SyncResult, k ipvs.Key) error {
 		have.svc = want.svc
 	}
 	return b.syncDests(res, k, want.dests, have)
+}
+
+// noEndpoints reports whether k is a TCP address and port a Service port still
+// has, without endpoints (its filter rules refuse or drop new connections).
+func (b *Backend) noEndpoints(k ipvs.Key) bool {
+	e := ipvs.Entry{IP: k.Addr, Proto: k.Proto, Port: k.Port}
+	return k.Proto == unix.IPPROTO_TCP && (b.members[member{setNoEndpoints, e}] > 0 || b.members[member{setNoLocal, e}] > 0)
 }
 
 // carries reports whether virtual server k has real servers with connections
@@ -491,9 +500,11 @@ func (b *Backend) pruneDrained(res *proxier.SyncResult, only map[ipvs.Key]bool) 
 		if only != nil && !only[k] {
 			continue
 		}
-		counts := b.destCounts(k)
-		if counts == nil {
-			continue
+		counts := map[netip.AddrPort]ipvs.Dest{}
+		if len(ds) > 0 { // empty: a kept virtual server's delete to retry
+			if counts = b.destCounts(k); counts == nil {
+				continue
+			}
 		}
 		for d := range ds {
 			c, ok := counts[netip.AddrPortFrom(d.Addr, d.Port)]
@@ -513,9 +524,9 @@ func (b *Backend) pruneDrained(res *proxier.SyncResult, only map[ipvs.Key]bool) 
 			}
 		}
 		if len(ds) == 0 {
-			delete(b.draining, k)
 			if h := b.have[k]; h != nil && len(h.dests) == 0 && b.want(k) == nil {
-				// The virtual server was kept for these (syncVirtual).
+				// The virtual server was kept for these (syncVirtual). On an
+				// error the empty drain stays, for the next check to retry.
 				res.Operations++
 				if err := b.k.DelService(k); err != nil {
 					klog.ErrorS(err, "Deleting a drained IPVS virtual server", "ipFamily", b.f.Name, "service", k.String())
@@ -523,6 +534,7 @@ func (b *Backend) pruneDrained(res *proxier.SyncResult, only map[ipvs.Key]bool) 
 				}
 				delete(b.have, k)
 			}
+			delete(b.draining, k)
 		}
 	}
 }

@@ -40,8 +40,10 @@ type fakeKernel struct {
 	lost  []string
 	// destsErr, when set, fails every read of real servers; reads counts them.
 	destsErr error
-	reads    int
-	ops      int
+	// delSvcErr, when set, fails every virtual server deletion.
+	delSvcErr error
+	reads     int
+	ops       int
 	// observe, when set, runs after every change to the kernel.
 	observe func()
 }
@@ -84,6 +86,9 @@ func (k *fakeKernel) UpdateService(s ipvs.Service) error {
 }
 func (k *fakeKernel) DelService(s ipvs.Key) error {
 	defer k.op()
+	if k.delSvcErr != nil {
+		return k.delSvcErr
+	}
 	if _, ok := k.svcs[s]; !ok {
 		return fmt.Errorf("delete: no service %s", s)
 	}
@@ -1043,6 +1048,13 @@ func TestLastEndpointDrains(t *testing.T) {
 	}
 	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10)), Changed: []model.ServicePortName{name}, Node: node(f)})
 	k.conns[ep] = 0
+	// A check whose delete fails leaves it for the next.
+	k.delSvcErr = errors.New("netlink: interrupted")
+	b.Flushed(context.Background())
+	k.delSvcErr = nil
+	if _, ok := k.svcs[vs]; !ok {
+		t.Fatal("the fake deleted a virtual server it refused to")
+	}
 	b.Flushed(context.Background())
 	if _, ok := k.svcs[vs]; ok {
 		t.Fatal("drained virtual server without connections not deleted by the check")
@@ -1058,5 +1070,34 @@ func TestLastEndpointDrains(t *testing.T) {
 	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10)), Changed: []model.ServicePortName{name}, Node: node(f)})
 	if _, ok := k.svcs[vs]; ok {
 		t.Fatal("virtual server without connections kept")
+	}
+	// A Service deleted with connections: its virtual servers go at once, as
+	// in kube-proxy (its addresses go too, so nothing would reach them).
+	sync(t, b, &proxier.SyncRequest{State: state(port(f, "web", 10, 1)), Changed: []model.ServicePortName{name}, Node: node(f)})
+	k.conns[ep] = 5
+	sync(t, b, &proxier.SyncRequest{State: state(), Changed: []model.ServicePortName{name}, Node: node(f)})
+	if _, ok := k.svcs[vs]; ok {
+		t.Fatal("the virtual server of a deleted Service kept")
+	}
+	if len(b.draining) != 0 || len(b.have) != 0 {
+		t.Fatalf("state left after the Service went: draining %v, have %v", b.draining, b.have)
+	}
+}
+
+// With --ipvs-scheduler=mh the virtual servers hash the source port too, and
+// one an older dsproxy made without (read back from the kernel's flags) is
+// updated by the full sync.
+func TestSchedulerMHHashesPort(t *testing.T) {
+	f := family.IPv4
+	k := newFake()
+	ps := port(f, "web", 10, 1)
+	key := ipvs.Key{Addr: ps.ClusterIP, Proto: 6, Port: ps.Port}
+	if err := k.AddService(ipvs.Service{Key: key, Scheduler: "mh"}); err != nil {
+		t.Fatal(err)
+	}
+	b := New(f, k, &fakeRunner{}, Options{MasqueradeBit: 14, Scheduler: "mh", Sysctl: func(string, string) error { return nil }})
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(ps), Node: node(f)})
+	if s := k.svcs[key]; !s.HashPort || s.Scheduler != "mh" {
+		t.Errorf("virtual server %+v: want mh hashing the source port", s)
 	}
 }

@@ -84,11 +84,14 @@
 // IPVS counts no connection on it, by the same sync (its counts are read after
 // the weight change), a later one or a periodic check. Unlike kube-proxy it is
 // drained even when the counts show none: a connection scheduled between
-// reading them and deleting it would be lost. A virtual server nothing wants
-// any more (its port lost its last endpoint, or went) is kept the same way
-// while its real servers count connections, at weight 0, and goes with the last
-// of them; without connections it goes at once (one operation, not two per
-// real server). UDP and SCTP real servers are
+// reading them and deleting it would be lost. The virtual server of a TCP port
+// that lost its last endpoint is kept the same way while its real servers count
+// connections, at weight 0, and goes with the last of them; without
+// connections it goes at once (one operation, not two per real server), as does
+// one no port renders any more (a Service, address or port gone: as in
+// kube-proxy). Meanwhile the filter rules refuse new connections from outside,
+// and the node's own get IPVS's ICMP error (IPVS takes them at LOCAL_OUT,
+// before filter OUTPUT). UDP and SCTP real servers are
 // deleted at once, as in kube-proxy, and as the other modes delete their
 // conntrack flows: expire_nodest_conn ends a flow on its next packet, and the
 // client's next datagram or new association goes to another endpoint.

@@ -143,7 +143,7 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 	// client's address as source).
 	add := func(a netip.Addr, port uint16, eps, fallback []model.Endpoint) ipvs.Entry {
 		eps, fallback = usable(eps), usable(fallback)
-		svc := ipvs.Service{Key: ipvs.Key{Addr: a, Proto: proto, Port: port}, Scheduler: sched}
+		svc := ipvs.Service{Key: ipvs.Key{Addr: a, Proto: proto, Port: port}, Scheduler: sched, HashPort: sched == "mh"}
 		if ps.AffinitySeconds != 0 {
 			svc.Persistent, svc.Timeout = true, ps.AffinitySeconds
 		}
