@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"testing"
 
 	"github.com/dsproxy/dsproxy/pkg/family"
@@ -61,6 +62,29 @@ func BenchmarkSync(b *testing.B) {
 					st.Ports[name] = smaller
 				}
 				if _, err := be.Sync(context.Background(), &proxier.SyncRequest{State: st, Changed: []model.ServicePortName{name}, Node: node(f)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(r.last())), "bytes/op")
+		})
+		// A node change (what every pod's arrival was, when its host-side
+		// veth's link-local address counted among the NodePort addresses):
+		// every chain rewritten.
+		b.Run(fmt.Sprintf("node-change/services=%d", n), func(b *testing.B) {
+			st := bigState(f, n)
+			be, r := newBackend(&testing.T{}, f)
+			if _, err := be.Sync(context.Background(), &proxier.SyncRequest{Full: true, State: st, Node: node(f)}); err != nil {
+				b.Fatal(err)
+			}
+			name := portName(fmt.Sprintf("s%d", n/2))
+			// Two configs that differ in one listed address, as one more
+			// veth's did.
+			nodes := [2]*proxier.NodeConfig{node(f), node(f)}
+			nodes[1].NodePortAddresses.Addrs = []netip.Addr{netip.MustParseAddr("169.254.7.7")}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if _, err := be.Sync(context.Background(), &proxier.SyncRequest{State: st, Changed: []model.ServicePortName{name}, Node: nodes[1-i%2], NodeChanged: true}); err != nil {
 					b.Fatal(err)
 				}
 			}
