@@ -25,6 +25,16 @@ func bigState(f *family.Family, n int) *model.State {
 	return st
 }
 
+// syncedBig returns bigState(f, n) and a backend that synced it in full.
+func syncedBig(b *testing.B, f *family.Family, n int) (*model.State, *Backend, *fakeRunner) {
+	st := bigState(f, n)
+	be, r := newBackend(&testing.T{}, f)
+	if _, err := be.Sync(context.Background(), &proxier.SyncRequest{Full: true, State: st, Node: node(f)}); err != nil {
+		b.Fatal(err)
+	}
+	return st, be, r
+}
+
 // BenchmarkSync measures the pure-Go cost of the iptables backend's syncs (state →
 // restore input) with a runner that accepts everything: a cold start, and a
 // one-endpoint change (what each sync hands iptables-restore is reported as
@@ -46,11 +56,7 @@ func BenchmarkSync(b *testing.B) {
 			b.ReportMetric(float64(bytes), "bytes/op")
 		})
 		b.Run(fmt.Sprintf("one-endpoint/services=%d", n), func(b *testing.B) {
-			st := bigState(f, n)
-			be, r := newBackend(&testing.T{}, f)
-			if _, err := be.Sync(context.Background(), &proxier.SyncRequest{Full: true, State: st, Node: node(f)}); err != nil {
-				b.Fatal(err)
-			}
+			st, be, r := syncedBig(b, f, n)
 			name := portName(fmt.Sprintf("s%d", n/2))
 			orig := st.Ports[name]
 			smaller := port(f, name.Name, 1+(n/2)%250, 1, 2, 3, 4, 5, 6, 7, 8, 9)
@@ -71,11 +77,7 @@ func BenchmarkSync(b *testing.B) {
 		// veth's link-local address counted among the NodePort addresses):
 		// every chain rewritten.
 		b.Run(fmt.Sprintf("node-change/services=%d", n), func(b *testing.B) {
-			st := bigState(f, n)
-			be, r := newBackend(&testing.T{}, f)
-			if _, err := be.Sync(context.Background(), &proxier.SyncRequest{Full: true, State: st, Node: node(f)}); err != nil {
-				b.Fatal(err)
-			}
+			st, be, r := syncedBig(b, f, n)
 			name := portName(fmt.Sprintf("s%d", n/2))
 			// Two configs that differ in one listed address, as one more
 			// veth's did.
