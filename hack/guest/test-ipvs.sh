@@ -9,7 +9,7 @@ set -euo pipefail
 bin=$1
 root=$(pwd)
 cd "$root/test/netns"
-"$bin/netns.test" -test.count=1 -test.run '^(TestProxierServices|TestProxierEndpointChurn|TestProxierEndpointsReplaced|TestProxierRestartWithoutDrop)$/^ipvs$'
+"$bin/netns.test" -test.count=1 -test.run '^(TestProxierServices|TestProxierEndpointChurn|TestProxierEndpointsReplaced|TestProxierRestartWithoutDrop|TestProxierAffinityScaleDown)$/^ipvs$'
 "$bin/netns.test" -test.count=1 -test.v -test.run '^(TestIPVS.*|TestDialSCTPSurvivesLostInit)$'
 cd "$root/pkg/ipvs"
 "$bin/ipvs.test" -test.count=1 -test.v

@@ -197,3 +197,66 @@ func testEndpointsReplaced(t *testing.T, mode string) {
 		e.expectServed(t, client, TCP, vips[f], client.IP(f), s.eps...)
 	}
 }
+
+// TestProxierAffinityScaleDown: ClientIP affinity outlives the removal of
+// another endpoint. Clients stick to endpoints of a four-endpoint Service; one
+// endpoint goes; every client whose endpoint stayed still reaches it, and the
+// removed endpoint's clients reach the others. In nftables mode the removal
+// moves the list's last endpoint into the freed slot: clients are added until
+// one sticks to that endpoint (pods are listed in creation order), so the test
+// covers the clients of a moved endpoint.
+func TestProxierAffinityScaleDown(t *testing.T) {
+	for _, mode := range proxyModes {
+		t.Run(mode, func(t *testing.T) { testAffinityScaleDown(t, mode) })
+	}
+}
+
+func testAffinityScaleDown(t *testing.T, mode string) {
+	e := newProxyNodeMode(t, mode)
+	var pods []*NS
+	for i := range 4 {
+		p := e.c.AddPod(fmt.Sprintf("pod-%d", i))
+		p.Serve(TCP, pxPodPort)
+		pods = append(pods, p)
+	}
+	s := svcSpec{name: "sticky", n: 30, affinity: true, eps: pods}
+	e.apply(s)
+	e.sync(false)
+
+	type client struct {
+		ns *NS
+		on map[*family.Family]string
+	}
+	var clients []client
+	onLast := func() bool {
+		return slices.ContainsFunc(clients, func(c client) bool {
+			return c.on[family.IPv4] == pods[3].Name && c.on[family.IPv6] == pods[3].Name
+		})
+	}
+	for i := 0; i < 6 || (!onLast() && i < 24); i++ {
+		c := client{ns: e.c.AddPod(fmt.Sprintf("client-%d", i)), on: map[*family.Family]string{}}
+		for _, f := range family.All {
+			vip := netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort)
+			c.on[f] = e.expectServed(t, c.ns, TCP, vip, c.ns.IP(f), pods...).Server
+		}
+		clients = append(clients, c)
+	}
+	if !onLast() {
+		t.Logf("no client of %d sticks to %s in both families", len(clients), pods[3])
+	}
+	// pod-0 goes (in nftables mode pod-3 moves into its slot).
+	s.eps = pods[1:]
+	e.apply(s)
+	e.sync(false)
+	for _, f := range family.All {
+		vip := netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort)
+		for _, c := range clients {
+			for range 3 {
+				got := e.expectServed(t, c.ns, TCP, vip, c.ns.IP(f), pods[1:]...).Server
+				if c.on[f] != pods[0].Name && got != c.on[f] {
+					e.fatalf(t, "%s: %s stuck to %s, reached %s after %s went", f, c.ns, c.on[f], got, pods[0])
+				}
+			}
+		}
+	}
+}

@@ -132,9 +132,14 @@ func (b *Backend) sync(ctx context.Context, req *proxier.SyncRequest) (SyncResul
 	b.update(req)
 	p := b.c.drain(b.table, req.Full)
 	p.chains = b.c.chainOps(b.table)
+	moves := b.c.takeMoves()
+	ghosts := keepGhosts(p, b.c, moves)
 	tx.Ops = slices.Concat(tx.Ops, p.addSets, p.deletes, p.adds, p.chains, p.delSets)
 	if err := b.apply(ctx, tx, &res); err != nil {
 		return res, fmt.Errorf("nftables %s: sync of %d service ports: %w", b.f, len(req.Changed), err)
+	}
+	if len(moves) > 0 {
+		b.moveAffinity(ctx, moves, ghosts, &res)
 	}
 	return res, nil
 }

@@ -177,6 +177,10 @@ type cache struct {
 	// stays its effective one; when that does not hold (an owner with an id <= the
 	// first one's, or a removal) freshDirty makes drain emit from the maps instead.
 	fresh, freshDirty bool
+
+	// moves are the slot moves of lists with ClientIP affinity since the last
+	// takeMoves (see affinity.go).
+	moves []affinityMove
 }
 
 func newCache(x exprs) *cache {

@@ -302,9 +302,11 @@ type affinityRegs struct {
 
 // affinityRules: s = saddr, d = key, ix = the endpoint index right after the key.
 // @affinity maps saddr . key to the index of the client's endpoint (the numgen
-// value, including the list's offset), so an entry stays usable exactly while
-// its slot holds an endpoint: when the endpoint goes its slot is reused or the
-// list shrinks below it, and the client follows or picks afresh.
+// value, including the list's offset). An entry is usable while its slot holds
+// an endpoint; a sync that moves an endpoint to another slot moves its clients'
+// entries too, and drops those of a removed endpoint whose slot another took
+// (affinity.go), so a client keeps its endpoint while it stays, and picks afresh
+// once it goes.
 //
 // The hit rule needs the index from @affinity inside the @endpoints key, and nft
 // (before 1.1) can't list a lookup keyed by another lookup's result. So the index

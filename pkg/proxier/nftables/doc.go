@@ -94,7 +94,8 @@ package nftables
 //	  # Full: when @affinity is full the add ends Pick, and this one picks as Pick
 //	  # without the add. A rebuild carries the entries (with the time they have left)
 //	  # into the new table and keeps each list's slots, so an index names the same
-//	  # endpoint there.
+//	  # endpoint there. When an endpoint leaves a list and the last one moves into
+//	  # its slot, the entries follow the moved endpoint (see affinity.go).
 //	  # <nodeport addr> is "fib daddr type local ip daddr & 255.0.0.0 != 127.0.0.0", or
 //	  # "ip daddr @nodeport-ips" when NodePort addresses are listed.
 //

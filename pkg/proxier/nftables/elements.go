@@ -64,6 +64,10 @@ type portBuilder struct {
 	data  [2]string
 	// short: a short-circuit kind uses the cluster list (see hairpin).
 	short bool
+	// moves and ghosts are each used list's slotMoves when the port's affinity
+	// entries follow its slots (tracksAffinity).
+	moves  [2][]int32
+	ghosts [2][]uint32
 }
 
 func (b *portBuilder) add(set setKey, key, data string) {
@@ -84,10 +88,14 @@ func (b *portBuilder) list(local bool) ([]netip.AddrPort, string) {
 		if b.replay {
 			b.slots[l] = b.rec.slotList(l)
 		} else {
-			b.slots[l] = assignSlots(b.old.slotList(l), eps)
+			old := b.old.slotList(l)
+			b.slots[l] = assignSlots(old, eps)
 			b.rec.slots[l] = nil
 			if !inOrder(b.slots[l], eps) {
 				b.rec.slots[l] = b.slots[l]
+			}
+			if b.tracksAffinity() {
+				b.moves[l], b.ghosts[l] = slotMoves(old, b.slots[l])
 			}
 		}
 		b.data[l] = epData(b.slots[l])
@@ -153,6 +161,7 @@ func (b *portBuilder) frontend(k kind, key string, local bool) {
 		return
 	}
 	b.add(set, listKey(key, ki.offset()), data)
+	b.noteMove(k, key, listOf(local))
 }
 
 // listKey is the key of a list contribution to an endpoint map: the frontend key

@@ -92,3 +92,17 @@ func slowest(ds []time.Duration) time.Duration {
 	}
 	return m
 }
+
+// TestAffinityFollowsMovesKernel is TestAffinityFollowsMoves against the real
+// kernel: its dynamic affinity maps take the moved entries (with the life they
+// have left) and the old slots go.
+func TestAffinityFollowsMovesKernel(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			k := newNetlinkInNetNS(t)
+			e := newEnv(t, f)
+			e.b = New(f, k, Options{})
+			testAffinityFollowsMoves(t, e, k)
+		})
+	}
+}

@@ -585,11 +585,15 @@ func TestAffinitySurvivesRebuild(t *testing.T) {
 			for _, p := range []nft.Packet{webP, npP, apiP} {
 				trace("pick", p)
 			}
-			// web's first endpoint goes: its last moves into slot 0, where the
-			// client's entry points, so the client is on pod 3 (list order 2, 3).
+			// web's first endpoint, the client's, goes: the client picks again,
+			// as from kube-proxy's affinity sets (the Fake's numgen picks slot 0,
+			// where the last endpoint, pod 3, moved), and then sticks.
 			e.put(e.state.Ports[web].ServicePort, ep(f, 2, 8080, false), ep(f, 3, 8080, false))
 			e.sync(false, web)
 			for _, p := range []nft.Packet{webP, npP} {
+				if got, hit := trace("repick", p); got != pod(f, 3, 8080) || hit {
+					t.Fatalf("%v after its endpoint went: %v (hit %v), want a new pick of pod 3", p.Dst, got, hit)
+				}
 				if got, hit := trace("before", p); got != pod(f, 3, 8080) || !hit {
 					t.Fatalf("%v after the change: %v (hit %v), want pod 3 by affinity", p.Dst, got, hit)
 				}

@@ -36,6 +36,7 @@ func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs
 	carry := b.affinityEntries(ctx, live)
 	c := newCache(b.x)
 	c.fill(req, b.c)
+	carry = b.moveCarried(carry, c.takeMoves())
 	p := c.drain(target, true)
 	p.chains = c.chainOps(target)
 	n, next := b.coldTxs(c, target, p)
@@ -68,7 +69,8 @@ func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs
 // rebuild (the hourly full sync, a restart) keeps every client on its endpoint, as
 // kube-proxy's affinity sets survive its syncs. An entry holds the index of the
 // client's endpoint in its frontend's list; the rebuild keeps every list's slots
-// (fill), so the index still names that endpoint. After a restart the slots of
+// (fill), so the index still names that endpoint, and moves the entries of the
+// endpoints it moves (moveCarried). After a restart the slots of
 // lists that changed since the old process built its table are not known, and
 // such a client may move, as when its entry expires. Entries that do not fit the
 // new maps are left out; a table that cannot be read carries nothing.
