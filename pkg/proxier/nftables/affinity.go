@@ -30,9 +30,13 @@ import (
 //   - A rebuild applies the same to the entries it carries into the new table.
 //
 // Reading an affinity map costs time that grows with the square of its entries
-// (the kernel's dump restarts its hash walk for each 32 KB message: about 90 ms at
-// 10k entries, 1.5 s at 65k), so only a sync that moved a slot of a port with
-// affinity does it, after its own changes are in the kernel.
+// (the kernel's dump restarts its hash walk for each 32 KB message: about 80 ms at
+// 10k entries, 1.4-1.9 s at 65k; BenchmarkAffinityMove), and it delays the
+// family's next sync. So only a sync that moved a slot of a port with affinity
+// reads the map, after its own changes are in the kernel, and only while the map
+// held at most affinityMoveMax entries when last read (by such a sync, or by a
+// rebuild, which reads every entry it carries). Beyond that the moved endpoint's
+// clients pick again.
 
 // affinityMove is what one frontend's list of a port with ClientIP affinity did
 // to its slots at this sync.
@@ -113,6 +117,23 @@ func (b *portBuilder) noteMove(k kind, key string, l int) {
 		m.list, m.aff = fixedKey(setNodePortEndpoints), setNodePortAffinity
 	}
 	b.c.moves = append(b.c.moves, m)
+}
+
+// affinityMoveMax bounds the entries of an affinity map that a sync reads to
+// move entries: about 75 ms for IPv4 and 140 ms for IPv6 here (20k: 0.23 and
+// 0.37 s).
+const affinityMoveMax = 10000
+
+// affordable returns the moves whose affinity map held at most affinityMoveMax
+// entries when last read.
+func (b *Backend) affordable(moves []affinityMove) []affinityMove {
+	return slices.DeleteFunc(moves, func(m affinityMove) bool {
+		if n := b.affinitySeen[m.aff]; n > affinityMoveMax {
+			klog.V(2).InfoS("Not moving ClientIP affinity entries: too many to read", "ipFamily", b.f.Name, "set", fixedSetNames[m.aff], "entries", n)
+			return true
+		}
+		return false
+	})
 }
 
 // takeMoves returns the moves recorded since the last call whose lists are the
@@ -237,6 +258,7 @@ func (b *Backend) moveAffinity(ctx context.Context, moves []affinityMove, ghosts
 			klog.V(2).InfoS("Not moving ClientIP affinity entries", "ipFamily", b.f.Name, "set", name, "err", err)
 			continue
 		}
+		b.affinitySeen[s] = len(els)
 		margin := time.Since(start) + affinityMargin
 		var del, add []nft.Element
 		for _, e := range els {

@@ -256,6 +256,36 @@ func TestAffinityFollowsMoves(t *testing.T) {
 	}
 }
 
+// TestAffinityMoveBounded: a family whose affinity map held more than
+// affinityMoveMax entries when last read does not read it at a sync: the moved
+// endpoint's clients pick again, as before entries followed moves. A rebuild
+// reads the map again.
+func TestAffinityMoveBounded(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t, f)
+			web := stickyWeb(e)
+			e.sync(true)
+			putClients(t, e, e.fake, 0, 1, 2, 3)
+			e.b.affinitySeen[setAffinity] = affinityMoveMax + 1
+			e.b.affinitySeen[setNodePortAffinity] = affinityMoveMax + 1
+			e.put(e.state.Ports[web].ServicePort, ep(f, 1, 8080, false), ep(f, 3, 8080, false), ep(f, 4, 8080, false))
+			e.sync(false, web)
+			if got, want := clientSlots(t, e, e.fake, 4), []int{0, 1, 2, 3}; !slices.Equal(got, want) {
+				t.Errorf("client slots: %v, want them untouched %v", got, want)
+			}
+			if n := endpointSlots(t, e, e.fake); n != 3 {
+				t.Errorf("web's ClusterIP has %d endpoint elements, want 3", n)
+			}
+			e.b.opts.RebuildEvery = 1
+			e.sync(true)
+			if n := e.b.affinitySeen[setAffinity]; n != 4 {
+				t.Errorf("after a rebuild @affinity was seen with %d entries, want 4", n)
+			}
+		})
+	}
+}
+
 // hookKernel calls before ahead of each Apply; an error fails the Apply.
 type hookKernel struct {
 	nft.Kernel

@@ -64,6 +64,8 @@ type Backend struct {
 	c         *cache // nil until the first successful sync
 	dirty     bool   // the kernel may differ from c: rebuild on the next sync
 	fullSyncs int
+	// affinitySeen is how many entries each affinity map held when last read.
+	affinitySeen map[fixedSet]int
 }
 
 var _ proxier.Backend = (*Backend)(nil)
@@ -79,7 +81,7 @@ func New(f *family.Family, k nft.Kernel, opts Options) *Backend {
 	}
 	x := newExprs(f)
 	x.keepInvalid = opts.TCPBeLiberal
-	return &Backend{f: f, k: k, opts: opts, x: x}
+	return &Backend{f: f, k: k, opts: opts, x: x, affinitySeen: map[fixedSet]int{}}
 }
 
 // Table returns the name of the live table ("" before the first successful sync).
@@ -132,7 +134,7 @@ func (b *Backend) sync(ctx context.Context, req *proxier.SyncRequest) (SyncResul
 	b.update(req)
 	p := b.c.drain(b.table, req.Full)
 	p.chains = b.c.chainOps(b.table)
-	moves := b.c.takeMoves()
+	moves := b.affordable(b.c.takeMoves())
 	ghosts := keepGhosts(p, b.c, moves)
 	tx.Ops = slices.Concat(tx.Ops, p.addSets, p.deletes, p.adds, p.chains, p.delSets)
 	if err := b.apply(ctx, tx, &res); err != nil {

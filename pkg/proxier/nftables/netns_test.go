@@ -4,12 +4,16 @@ package nftables
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/dsproxy/dsproxy/internal/netnstest"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nft"
+	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
 
 // timedKernel records how long each Apply takes.
@@ -25,7 +29,7 @@ func (k *timedKernel) Apply(ctx context.Context, tx *nft.Tx) error {
 	return err
 }
 
-func newNetlinkInNetNS(t *testing.T) *nft.Netlink {
+func newNetlinkInNetNS(t testing.TB) *nft.Netlink {
 	t.Helper()
 	nl, err := nft.NewNetlink(nft.WithNetNSFd(int(netnstest.New(t))))
 	if err != nil {
@@ -105,4 +109,77 @@ func TestAffinityFollowsMovesKernel(t *testing.T) {
 			testAffinityFollowsMoves(t, e, k)
 		})
 	}
+}
+
+// BenchmarkAffinityMove is the cost of a sync that removes one endpoint of a
+// ClientIP affinity Service whose last endpoint then moves into the freed slot,
+// with n affinity entries in the family (a quarter of them on the moved
+// endpoint): the sync's transaction, the read of @affinity and
+// @nodeport-affinity, and the transaction moving the entries. The read grows
+// with the square of the entries (the kernel restarts its walk for each dump
+// message). Syncs skip the read once a map held more than affinityMoveMax
+// entries; here every sync reads.
+//
+//	go test -tags netns -run '^$' -bench AffinityMove -benchtime 5x ./pkg/proxier/nftables/
+func BenchmarkAffinityMove(b *testing.B) {
+	for _, f := range family.All {
+		for _, n := range []int{1000, affinityMoveMax, 20000, 65535} {
+			b.Run(fmt.Sprintf("%s/%d", f.Name, n), func(b *testing.B) {
+				k := newNetlinkInNetNS(b)
+				e := newEnv(b, f)
+				e.b = New(f, k, Options{})
+				web := stickyWeb(e)
+				sync := func() {
+					if _, err := e.b.Sync(b.Context(), &proxier.SyncRequest{State: e.state, Node: e.node, Changed: []model.ServicePortName{web}}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if _, err := e.b.Sync(b.Context(), syncAll(e)); err != nil {
+					b.Fatal(err)
+				}
+				all := e.eps[web]
+				for range b.N {
+					b.StopTimer()
+					e.put(e.state.Ports[web].ServicePort, all...)
+					sync()
+					tx := nft.NewTx(f)
+					tx.FlushSet(e.b.Table(), fixedSetNames[setAffinity])
+					tx.FlushSet(e.b.Table(), fixedSetNames[setNodePortAffinity])
+					var cl, np []nft.Element
+					for i := range n {
+						c := benchClient(f, i)
+						ck, nk := affinityKeys(f, c)
+						cl = append(cl, nft.Element{Key: ck, Data: nft.MarkBytes(uint32(i % 4)), Timeout: time.Hour})
+						if i%8 == 0 { // fewer clients come through the NodePort
+							np = append(np, nft.Element{Key: nk, Data: nft.MarkBytes(kinds[kindNP].offset() + uint32(i%4)), Timeout: time.Hour})
+						}
+					}
+					tx.AddElements(e.b.Table(), fixedSetNames[setAffinity], cl)
+					tx.AddElements(e.b.Table(), fixedSetNames[setNodePortAffinity], np)
+					if err := k.Apply(b.Context(), tx); err != nil {
+						b.Fatal(err)
+					}
+					first := e.b.c.ports[web].slotList(listCluster)[0]
+					var rest []model.Endpoint
+					for _, ep := range all {
+						if ep.AddrPort() != first {
+							rest = append(rest, ep)
+						}
+					}
+					e.put(e.state.Ports[web].ServicePort, rest...)
+					clear(e.b.affinitySeen)
+					b.StartTimer()
+					sync()
+				}
+			})
+		}
+	}
+}
+
+// benchClient is the i-th of up to 65536 client addresses.
+func benchClient(f *family.Family, i int) netip.Addr {
+	if f == family.IPv4 {
+		return netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)})
+	}
+	return netip.AddrFrom16([16]byte{0xfd, 0xc8, 14: byte(i >> 8), 15: byte(i)})
 }

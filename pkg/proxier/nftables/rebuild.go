@@ -87,6 +87,7 @@ func (b *Backend) affinityEntries(ctx context.Context, live string) []nft.Op {
 			klog.V(2).InfoS("Not carrying ClientIP affinity into the rebuilt table", "ipFamily", b.f.Name, "set", name, "err", err)
 			continue
 		}
+		b.affinitySeen[s] = len(els)
 		carry := els[:0]
 		for _, e := range els {
 			if len(e.Key) == int(def.KeyType.Bytes) && len(e.Data) == int(def.DataType.Bytes) && e.Expires >= time.Millisecond {
