@@ -423,12 +423,14 @@ func (h *handler) OnNodeDelete(n *v1.Node) {
 	h.MetaProxier.OnNodeDelete(n)
 }
 
-// metricsMux is kube-proxy's metrics server: /metrics, /healthz answering ok,
-// /proxyMode naming the mode, /configz the effective configuration, and with
-// profiling the Go profiles under /debug/pprof/.
+// metricsMux is kube-proxy's metrics server: /metrics, /healthz answering ok
+// (and /metrics/slis, see zpages.go), /proxyMode naming the mode, /configz the
+// effective configuration, /flagz and /statusz, and with profiling the Go
+// profiles under /debug/pprof/ and /debug/flags/v.
 func metricsMux(m *metrics.Metrics, cfg *config.Config) http.Handler {
 	mode, profiling := cfg.ProxyMode, cfg.EnableProfiling
-	mux := http.NewServeMux()
+	mux := &listingMux{ServeMux: http.NewServeMux()}
+	installHealthz(mux)
 	// As kube-proxy's component-base configz: the v1alpha1 object under the
 	// config group's name.
 	configz, err := json.Marshal(map[string]any{config.GroupName: cfg.KubeProxyConfiguration()})
@@ -442,18 +444,24 @@ func metricsMux(m *metrics.Metrics, cfg *config.Config) http.Handler {
 		_, _ = w.Write(configz)
 	})
 	mux.Handle("/metrics", m.Handler())
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		_, _ = fmt.Fprint(w, mode)
 	})
+	if gateOn(cfg, "ComponentFlagz", true) {
+		installFlagz(mux, cfg.Flags)
+	}
+	if gateOn(cfg, "ComponentStatusz", true) {
+		installStatusz(mux)
+	}
 	if profiling {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		mux.ServeMux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.ServeMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.ServeMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.ServeMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.ServeMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		installDebugFlags(mux.ServeMux)
 	}
 	return mux
 }

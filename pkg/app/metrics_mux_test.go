@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/klog/v2"
+
 	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/metrics"
 )
@@ -24,6 +26,7 @@ func TestMetricsMux(t *testing.T) {
 	m := metrics.New()
 	cfg := config.Default()
 	cfg.ProxyMode, cfg.MasqueradeAll = config.ModeNFTables, true
+	cfg.Flags = map[string]string{"proxy-mode": "nftables", "masquerade-all": "true"}
 	off := metricsMux(m, cfg)
 	profiling := *cfg
 	profiling.EnableProfiling = true
@@ -35,6 +38,13 @@ func TestMetricsMux(t *testing.T) {
 		contains string
 	}{
 		{off, "/healthz", 200, "ok"},
+		{off, "/healthz?verbose", 200, "[+]ping ok\nhealthz check passed"},
+		{off, "/healthz/ping", 200, "ok"},
+		{off, "/metrics/slis", 200, `kubernetes_healthcheck{name="ping",type="healthz"} 1`},
+		{off, "/flagz", 200, "\nmasquerade-all=true\nproxy-mode=nftables\n"},
+		{off, "/statusz", 200, "Paths: /configz /flagz /healthz /metrics /proxyMode /statusz\n"},
+		{off, "/statusz", 200, "Binary version: " + Version()},
+		{off, "/debug/flags/v", 404, ""},
 		{off, "/proxyMode", 200, "nftables"},
 		{off, "/metrics", 200, "kubeproxy_sync_proxy_rules"},
 		{off, "/debug/pprof/", 404, ""},
@@ -42,11 +52,34 @@ func TestMetricsMux(t *testing.T) {
 		{on, "/debug/pprof/", 200, "goroutine"},
 		{on, "/debug/pprof/heap?debug=1", 200, "heap profile"},
 		{on, "/debug/pprof/cmdline", 200, ""},
+		{on, "/debug/flags", 200, "<tr>v<br>"},
+		{on, "/debug/flags/v", 406, "unsupported http method"},
 	} {
 		code, body := get(tc.h, tc.path)
 		if code != tc.code || !strings.Contains(body, tc.contains) {
 			t.Errorf("GET %s: %d %.80q, want %d containing %q", tc.path, code, body, tc.code, tc.contains)
 		}
+	}
+	// /flagz and /statusz go with their feature gates (on by default).
+	gated := *cfg
+	gated.FeatureGates = map[string]bool{"ComponentFlagz": false, "ComponentStatusz": false}
+	for _, path := range []string{"/flagz", "/statusz"} {
+		if code, _ := get(metricsMux(m, &gated), path); code != 404 {
+			t.Errorf("GET %s with its gate off: %d, want 404", path, code)
+		}
+	}
+	// With profiling, a PUT to /debug/flags/v sets the log verbosity.
+	put := func(body string) (int, string) {
+		rec := httptest.NewRecorder()
+		on.ServeHTTP(rec, httptest.NewRequest(http.MethodPut, "/debug/flags/v", strings.NewReader(body)))
+		return rec.Code, rec.Body.String()
+	}
+	defer put("0")
+	if code, body := put("4"); code != 200 || !strings.Contains(body, "successfully set klog.logging.verbosity to 4") || !klog.V(4).Enabled() {
+		t.Errorf("PUT /debug/flags/v 4: %d %q, V(4) enabled %v", code, body, klog.V(4).Enabled())
+	}
+	if code, _ := put("four"); code != 400 {
+		t.Errorf("PUT /debug/flags/v four: %d, want 400", code)
 	}
 	if _, body := get(off, "/proxyMode"); body != "nftables" {
 		t.Errorf("/proxyMode = %q, want exactly the mode", body)

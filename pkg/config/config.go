@@ -142,6 +142,10 @@ type Config struct {
 	// logsapi.ValidateAndApply. Logging.Verbosity is the -v level.
 	Logging logsapi.LoggingConfiguration
 
+	// Flags are the command line's flags as Parse read them, every flag with
+	// its value (defaults included), for the metrics server's /flagz.
+	Flags map[string]string
+
 	// Warnings are non-fatal findings of Complete/LoadFile (ignored flags,
 	// ignored fields, degraded local detection, lenient decoding). The caller
 	// should log them.

@@ -249,6 +249,8 @@ func Parse(args []string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.Flags = map[string]string{}
+	fs.VisitAll(func(f *pflag.Flag) { c.Flags[f.Name] = f.Value.String() })
 	for line := range strings.Lines(out.String()) {
 		if line = strings.TrimSpace(line); line != "" {
 			c.Warnings = append(c.Warnings, line)

@@ -292,3 +292,17 @@ func TestVersionBeforeConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestParseKeepsFlags: Parse keeps every flag with its value, defaults
+// included, for the metrics server's /flagz.
+func TestParseKeepsFlags(t *testing.T) {
+	c, err := Parse([]string{"--proxy-mode=nftables", "--cluster-cidr=10.0.0.0/8", "--v=3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"proxy-mode": "nftables", "cluster-cidr": "10.0.0.0/8", "v": "3", "conntrack-min": "131072", "masquerade-all": "false"} {
+		if got, ok := c.Flags[name]; !ok || got != want {
+			t.Errorf("Flags[%q] = %q (%v), want %q", name, got, ok, want)
+		}
+	}
+}

@@ -678,6 +678,7 @@ COMMIT
 			}
 		}
 		kpMetrics := metricFamilies(t, e, "127.0.0.1:10349")
+		kpPages := metricsPortPages(t, e, "127.0.0.1:10349")
 		if err := kp.stop(); err != nil {
 			e.fatalf(t, "kube-proxy on SIGTERM: %v", err)
 		}
@@ -722,6 +723,7 @@ COMMIT
 		}
 		othersLeft(mode)
 		checkMetricParity(t, e, kpMetrics, metricFamilies(t, e, "127.0.0.1:10249"), path.kp == path.ds)
+		checkPagesParity(t, e, kpPages, metricsPortPages(t, e, "127.0.0.1:10249"))
 		added := fmt.Sprintf("t%d", i+3)
 		e.addPods(t, sel, true, added)
 		pods = append(pods, added)
@@ -893,6 +895,58 @@ func metricFamilies(t *testing.T, e *env, addr string) map[string]metricFamily {
 		}
 	}
 	return m
+}
+
+// metricsPortPaths are the metrics port's paths whose answers
+// checkPagesParity compares; bodyChecked are those whose body it compares too.
+var (
+	metricsPortPaths = []string{"/healthz", "/healthz?verbose", "/healthz/ping", "/metrics/slis", "/flagz", "/statusz",
+		"/configz", "/proxyMode", "/livez", "/readyz", "/debug/pprof/", "/debug/flags/v", "/nothing-here"}
+	bodyChecked = []string{"/healthz", "/healthz?verbose", "/healthz/ping"}
+)
+
+// metricsPortPages asks a proxy's metrics port for each of metricsPortPaths, in
+// order (so /metrics/slis follows a /healthz), and returns the status code and
+// body of each; for /metrics/slis the body is its kubernetes_healthcheck line.
+func metricsPortPages(t *testing.T, e *env, addr string) map[string]string {
+	t.Helper()
+	pages := map[string]string{}
+	for _, p := range metricsPortPaths {
+		out, err := netns.Exec(e.c.Node, "curl", "-s", "--max-time", "5", "-w", "\n%{http_code}", "http://"+addr+p)
+		if err != nil {
+			e.fatalf(t, "GET %s%s: %v: %s", addr, p, err, out)
+		}
+		i := strings.LastIndex(out, "\n")
+		body, code := out[:i], out[i+1:]
+		switch {
+		case slices.Contains(bodyChecked, p):
+			pages[p] = code + " " + body
+		case p == "/metrics/slis":
+			line := ""
+			for l := range strings.Lines(body) {
+				if strings.HasPrefix(l, "kubernetes_healthcheck{") {
+					line = strings.TrimSpace(l)
+				}
+			}
+			pages[p] = code + " " + line
+		default:
+			pages[p] = code
+		}
+	}
+	return pages
+}
+
+// checkPagesParity: dsproxy's metrics port answers each path as kube-proxy's
+// did: the same status, the health pages the same body, and /metrics/slis
+// the same health check line.
+func checkPagesParity(t *testing.T, e *env, kp, ds map[string]string) {
+	t.Helper()
+	for _, p := range metricsPortPaths {
+		if kp[p] != ds[p] {
+			e.errorf(t, "metrics port %s: kube-proxy answered %q, dsproxy %q", p, kp[p], ds[p])
+		}
+	}
+	t.Logf("metrics port pages, as kube-proxy's: %v", kp)
 }
 
 // checkMetricParity: the metric families kube-proxy exported before the
