@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -94,8 +93,11 @@ func (c *Config) Validate() error {
 		}
 	}
 
-	if s := c.ShowHiddenMetricsForVersion; s != "" && !majorMinor.MatchString(s) {
-		v.add("showHiddenMetricsForVersion", "--show-hidden-metrics-for-version", s, "must be <major>.<minor>, e.g. 1.35")
+	// As kube-proxy v1.36 (component-base's check against its own version):
+	// only the previous minor version.
+	if s := c.ShowHiddenMetricsForVersion; s != "" && s != hiddenMetricsVersion {
+		v.add("showHiddenMetricsForVersion", "--show-hidden-metrics-for-version", s,
+			"must be omitted or have the value '%s'; only the previous minor version is allowed", hiddenMetricsVersion)
 	}
 
 	switch c.DetectLocalMode {
@@ -152,7 +154,9 @@ func loggingFeatureGate(gates map[string]bool) featuregate.FeatureGate {
 	return fg
 }
 
-var majorMinor = regexp.MustCompile(`^[0-9]+\.[0-9]+$`)
+// hiddenMetricsVersion is the one showHiddenMetricsForVersion kube-proxy v1.36
+// accepts: the minor version before its own.
+const hiddenMetricsVersion = "1.35"
 
 type validator struct{ errs []error }
 

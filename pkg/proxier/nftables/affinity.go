@@ -29,14 +29,18 @@ import (
 //     endpoints whose slots others took, and deletes the ghosts.
 //   - A rebuild applies the same to the entries it carries into the new table.
 //
+// A client that first connects between the two transactions and picks the slot
+// of a removed endpoint (now another's) loses that entry and picks once more.
+//
 // Reading an affinity map costs time that grows with the square of its entries
-// (the kernel's dump restarts its hash walk for each 32 KB message: about 80 ms at
-// 10k entries, 1.4-1.9 s at 65k; BenchmarkAffinityMove), and it delays the
-// family's next sync. So only a sync that moved a slot of a port with affinity
-// reads the map, after its own changes are in the kernel, and only while the map
-// held at most affinityMoveMax entries when last read (by such a sync, or by a
-// rebuild, which reads every entry it carries). Beyond that the moved endpoint's
-// clients pick again.
+// (the kernel's dump restarts its hash walk for each 32 KB message: 75 ms for
+// IPv4 and 140 ms for IPv6 at 10k entries, 1.4 and 2.0 s at 65k;
+// BenchmarkAffinityMove), and it delays the family's next sync. So only a sync
+// of a port with affinity that moved an endpoint or gave a removed endpoint's
+// slot to another (a rolling update does) reads the map, after its own changes
+// are in the kernel, and only while the map held at most affinityMoveMax
+// entries when last read (by such a sync, or by a rebuild, which reads every
+// entry it carries). Beyond that the moved endpoint's clients pick again.
 
 // affinityMove is what one frontend's list of a port with ClientIP affinity did
 // to its slots at this sync.
