@@ -8,6 +8,8 @@ import (
 
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/model"
+	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 )
 
@@ -90,6 +92,53 @@ func TestPortRemovalAfterNodeChange(t *testing.T) {
 			if got, want := e.fake.Dump(f), other.fake.Dump(f); got != want {
 				t.Errorf("after deleting the port:\n%s\nwant:\n%s", got, want)
 			}
+		})
+	}
+}
+
+// TestExternalElementsBounded: a service port whose external addresses would
+// each copy a long endpoint list past maxExternalElements serves the first of
+// them that fit (in address order) and not the others; its ClusterIP is served.
+func TestExternalElementsBounded(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t, f)
+			const nExt, nEps = 2500, 50
+			var exts []netip.Addr
+			for i := range nExt {
+				if f == family.IPv4 {
+					exts = append(exts, netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}))
+				} else {
+					exts = append(exts, netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 0x0e, 14: byte(i >> 8), 15: byte(i)}))
+				}
+			}
+			sp := svc(f, "many", 10, 80, tcp)
+			sp.ExternalIPs = exts
+			var eps []model.Endpoint
+			for i := range nEps {
+				eps = append(eps, ep(f, i+1, 8080, false))
+			}
+			e.put(sp, eps...)
+			e.sync(true)
+			els, err := e.fake.ListElements(t.Context(), f, e.b.Table(), fixedSetNames[setEndpoints])
+			if err != nil {
+				t.Fatal(err)
+			}
+			served := maxExternalElements / nEps
+			if want := (served + 1) * nEps; len(els) != want {
+				t.Errorf("@endpoints holds %d elements, want %d (%d external addresses and the ClusterIP, %d endpoints each)", len(els), want, served, nEps)
+			}
+			var all []netip.AddrPort
+			for i := range nEps {
+				all = append(all, pod(f, i+1, 8080))
+			}
+			client := func(dst netip.AddrPort) nft.Packet {
+				return nft.Packet{Family: f, Src: ap(testaddr.Client(f, 1), 40000), Dst: dst, Proto: tcp, Origin: nft.OriginInbound, InIface: "eth0"}
+			}
+			e.check(client(cip(f, 10, 80)), dnatTo(true, all...)) // from outside the cluster: masqueraded
+			e.check(client(ap(exts[0], 80)), dnatTo(true, all...))
+			e.check(client(ap(exts[served-1], 80)), dnatTo(true, all...))
+			e.check(client(ap(exts[served], 80)), outcome{verdict: nft.Accept})
 		})
 	}
 }

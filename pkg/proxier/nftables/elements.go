@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"k8s.io/klog/v2"
+
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nft"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
@@ -276,13 +278,14 @@ func (b *portBuilder) externalKeys() []string {
 func (b *portBuilder) external() {
 	ps := b.ps
 	keys := b.externalKeys()
+	served := b.boundExternal(keys)
 	np := npKeyBytes(b.proto, ps.NodePort)
 	if len(ps.ExternalEndpoints()) > 0 {
 		ek, nk := kindExt, kindNP
 		if ps.ExternalPolicyLocal {
 			ek, nk = kindExtLocal, kindNPLocal
 		}
-		b.addExternal(keys, np, ek, nk, ps.ExternalPolicyLocal)
+		b.addExternal(served, np, ek, nk, ps.ExternalPolicyLocal)
 	} else {
 		svcSet, npSet := setNoEndpointServices, setNoEndpointNodePorts
 		if ps.HasAny {
@@ -296,8 +299,36 @@ func (b *portBuilder) external() {
 		}
 	}
 	if ps.ExternalPolicyLocal && len(ps.Cluster) > 0 {
-		b.addExternal(keys, np, kindExtShort, kindNPShort, false)
+		b.addExternal(served, np, kindExtShort, kindNPShort, false)
 	}
+}
+
+// maxExternalElements bounds the @endpoints elements of one service port's
+// ExternalIPs and load-balancer VIPs. Each of them holds its own copy of the
+// port's endpoint list (and with ETP Local of the cluster list too), so a
+// Service with thousands of external addresses and of endpoints would write
+// millions of elements: a transaction that holds the nftables lock for minutes,
+// and kernel memory in gigabytes. kube-proxy's cost is their sum. 100k elements
+// are about 20 MB of kernel memory and 0.7 s to write.
+const maxExternalElements = 100000
+
+// boundExternal returns the external address keys to program: all of them,
+// or, when their endpoint elements would pass maxExternalElements, the first
+// ones (in key order) that fit, logging the others as not served.
+func (b *portBuilder) boundExternal(keys []string) []string {
+	per := len(b.ps.ExternalEndpoints())
+	if b.ps.ExternalPolicyLocal {
+		per += len(b.ps.Cluster)
+	}
+	if per == 0 || len(keys)*per <= maxExternalElements {
+		return keys
+	}
+	n := max(1, maxExternalElements/per)
+	if !b.replay {
+		klog.ErrorS(nil, "Not serving some ExternalIPs and load-balancer IPs of a service port: each would hold its own copy of the endpoint list",
+			"servicePort", b.ps.Name.String(), "externalAddresses", len(keys), "served", n, "endpoints", per, "maxElements", maxExternalElements)
+	}
+	return keys[:n]
 }
 
 func (b *portBuilder) addExternal(keys []string, np string, ek, nk kind, local bool) {
