@@ -137,8 +137,7 @@ func testAffinityFollowsMoves(t *testing.T, e *env, k nft.Kernel) {
 
 	// Pod 2 (slot 1) goes: pod 4 moves from slot 3 into it. Client 1 picks
 	// again; client 3 follows pod 4; the others stay.
-	e.put(e.state.Ports[web].ServicePort, ep(e.f, 1, 8080, false), ep(e.f, 3, 8080, false), ep(e.f, 4, 8080, false))
-	e.sync(false, web)
+	dropPod2(e, web)
 	if got, want := clientSlots(t, e, k, 4), []int{0, -1, 2, 1}; !slices.Equal(got, want) {
 		t.Errorf("client slots after pod 2 went: %v, want %v", got, want)
 	}
@@ -175,12 +174,7 @@ func TestAffinityFollowsMoves(t *testing.T) {
 			testAffinityFollowsMoves(t, e, e.fake)
 		})
 		t.Run(f.Name+"/traffic", func(t *testing.T) {
-			e := newEnv(t, f)
-			k := &hookKernel{Kernel: e.fake}
-			e.b = New(f, k, Options{})
-			web := stickyWeb(e)
-			e.sync(true)
-			putClients(t, e, k, 0, 1, 2, 3)
+			e, k, web := hookedSticky(t, f)
 			trace := func(client int, dst netip.AddrPort) (netip.AddrPort, bool) {
 				t.Helper()
 				p := nft.Packet{Family: f, Src: ap(stickyClient(f, client), 40000), Dst: dst, Proto: tcp, Origin: nft.OriginInbound, InIface: podIface}
@@ -205,8 +199,7 @@ func TestAffinityFollowsMoves(t *testing.T) {
 				}
 				return nil
 			}
-			e.put(e.state.Ports[web].ServicePort, ep(f, 1, 8080, false), ep(f, 3, 8080, false), ep(f, 4, 8080, false))
-			e.sync(false, web)
+			dropPod2(e, web)
 			if moving != 1 {
 				t.Fatalf("%d transactions moved affinity entries, want 1", moving)
 			}
@@ -226,20 +219,14 @@ func TestAffinityFollowsMoves(t *testing.T) {
 			// Should the kernel refuse the moves, the old slots still go and
 			// the table stays as the cache says; the moved endpoint's clients
 			// pick again.
-			e := newEnv(t, f)
-			k := &hookKernel{Kernel: e.fake}
-			e.b = New(f, k, Options{})
-			web := stickyWeb(e)
-			e.sync(true)
-			putClients(t, e, k, 0, 1, 2, 3)
+			e, k, web := hookedSticky(t, f)
 			k.before = func(tx *nft.Tx) error {
 				if deletesFrom(tx, fixedSetNames[setAffinity]) {
 					return errors.New("refused")
 				}
 				return nil
 			}
-			e.put(e.state.Ports[web].ServicePort, ep(f, 1, 8080, false), ep(f, 3, 8080, false), ep(f, 4, 8080, false))
-			e.sync(false, web)
+			dropPod2(e, web)
 			if n := endpointSlots(t, e, k); n != 3 {
 				t.Errorf("web's ClusterIP has %d endpoint elements, want 3", n)
 			}
@@ -269,8 +256,7 @@ func TestAffinityMoveBounded(t *testing.T) {
 			putClients(t, e, e.fake, 0, 1, 2, 3)
 			e.b.affinitySeen[setAffinity] = affinityMoveMax + 1
 			e.b.affinitySeen[setNodePortAffinity] = affinityMoveMax + 1
-			e.put(e.state.Ports[web].ServicePort, ep(f, 1, 8080, false), ep(f, 3, 8080, false), ep(f, 4, 8080, false))
-			e.sync(false, web)
+			dropPod2(e, web)
 			if got, want := clientSlots(t, e, e.fake, 4), []int{0, 1, 2, 3}; !slices.Equal(got, want) {
 				t.Errorf("client slots: %v, want them untouched %v", got, want)
 			}
@@ -284,6 +270,26 @@ func TestAffinityMoveBounded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hookedSticky is an env whose backend talks to the Fake through a
+// hookKernel, holding stickyWeb with clients 0-3 on slots 0-3.
+func hookedSticky(t *testing.T, f *family.Family) (*env, *hookKernel, model.ServicePortName) {
+	e := newEnv(t, f)
+	k := &hookKernel{Kernel: e.fake}
+	e.b = New(f, k, Options{})
+	web := stickyWeb(e)
+	e.sync(true)
+	putClients(t, e, k, 0, 1, 2, 3)
+	return e, k, web
+}
+
+// dropPod2 removes stickyWeb's pod 2 (slot 1), so pod 4 moves from slot 3
+// into it, and syncs.
+func dropPod2(e *env, web model.ServicePortName) {
+	e.t.Helper()
+	e.put(e.state.Ports[web].ServicePort, ep(e.f, 1, 8080, false), ep(e.f, 3, 8080, false), ep(e.f, 4, 8080, false))
+	e.sync(false, web)
 }
 
 // hookKernel calls before ahead of each Apply; an error fails the Apply.
