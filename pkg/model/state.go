@@ -33,7 +33,7 @@ func (p *PortState) Equal(o *PortState) bool {
 	if p == nil || o == nil {
 		return p == o
 	}
-	return p.ServicePort.Equal(o.ServicePort) && p.HasAny == o.HasAny &&
+	return p.ServicePort.Equal(o.ServicePort) && p.HasAny == o.HasAny && p.Endpoints == o.Endpoints &&
 		EndpointsEqual(p.Cluster, o.Cluster) && EndpointsEqual(p.Local, o.Local) &&
 		EndpointsEqual(p.HealthLocal, o.HealthLocal) && EndpointsEqual(p.Serving, o.Serving)
 }

@@ -46,6 +46,11 @@ type Selection struct {
 	// does, so a terminating endpoint's flows last while it serves. Nil for other
 	// protocols.
 	Serving []Endpoint
+	// Endpoints, for a port with ExternalIPs or load-balancer IPs, is how many
+	// endpoints it has in the family, whatever this node chooses: the same on
+	// every node, so a bound on the external addresses served that grows with it
+	// serves the same ones everywhere. 0 for other ports.
+	Endpoints int
 }
 
 // Categorize chooses the endpoints of sp that this node sends traffic to. It is a pure
@@ -63,6 +68,9 @@ func Categorize(sp *ServicePort, eps []Endpoint, node NodeInfo) Selection {
 	var sel Selection
 	if len(eps) == 0 {
 		return sel
+	}
+	if len(sp.ExternalIPs)+len(sp.LoadBalancerVIPs) > 0 {
+		sel.Endpoints = len(eps)
 	}
 	if sp.Protocol == v1.ProtocolUDP || sp.Protocol == v1.ProtocolSCTP {
 		sel.Serving = filter(eps, func(e *Endpoint) bool { return e.Serving || e.Ready })

@@ -97,26 +97,37 @@ func TestPortRemovalAfterNodeChange(t *testing.T) {
 }
 
 // TestExternalElementsBounded: a service port whose external addresses would
-// each copy a long endpoint list past maxExternalElements serves the first of
-// them that fit (in address order) and not the others; its ClusterIP is served.
+// each copy a long endpoint list (or VIPs × source ranges) past
+// maxExternalElements serves the first of them that fit, in address order, the
+// same on every node, and refuses the others; its ClusterIP is served.
 func TestExternalElementsBounded(t *testing.T) {
 	for _, f := range family.All {
-		t.Run(f.Name, func(t *testing.T) {
-			e := newEnv(t, f)
-			const nExt, nEps = 2500, 50
-			var exts []netip.Addr
-			for i := range nExt {
+		addrs := func(n int) []netip.Addr {
+			var out []netip.Addr
+			for i := range n {
 				if f == family.IPv4 {
-					exts = append(exts, netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}))
+					out = append(out, netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}))
 				} else {
-					exts = append(exts, netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 0x0e, 14: byte(i >> 8), 15: byte(i)}))
+					out = append(out, netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 0x0e, 14: byte(i >> 8), 15: byte(i)}))
 				}
 			}
+			return out
+		}
+		client := func(dst netip.AddrPort) nft.Packet {
+			return nft.Packet{Family: f, Src: ap(testaddr.Client(f, 1), 40000), Dst: dst, Proto: tcp, Origin: nft.OriginInbound, InIface: "eth0"}
+		}
+		t.Run(f.Name+"/endpoints", func(t *testing.T) {
+			e := newEnv(t, f)
+			const nExt, nEps = 2500, 50
+			exts := addrs(nExt)
 			sp := svc(f, "many", 10, 80, tcp)
 			sp.ExternalIPs = exts
 			var eps []model.Endpoint
+			var all []netip.AddrPort
 			for i := range nEps {
-				eps = append(eps, ep(f, i+1, 8080, false))
+				// Half of them on this node: the bound counts them all.
+				eps = append(eps, ep(f, i+1, 8080, i%2 == 0))
+				all = append(all, pod(f, i+1, 8080))
 			}
 			e.put(sp, eps...)
 			e.sync(true)
@@ -128,17 +139,50 @@ func TestExternalElementsBounded(t *testing.T) {
 			if want := (served + 1) * nEps; len(els) != want {
 				t.Errorf("@endpoints holds %d elements, want %d (%d external addresses and the ClusterIP, %d endpoints each)", len(els), want, served, nEps)
 			}
-			var all []netip.AddrPort
-			for i := range nEps {
-				all = append(all, pod(f, i+1, 8080))
-			}
-			client := func(dst netip.AddrPort) nft.Packet {
-				return nft.Packet{Family: f, Src: ap(testaddr.Client(f, 1), 40000), Dst: dst, Proto: tcp, Origin: nft.OriginInbound, InIface: "eth0"}
-			}
 			e.check(client(cip(f, 10, 80)), dnatTo(true, all...)) // from outside the cluster: masqueraded
 			e.check(client(ap(exts[0], 80)), dnatTo(true, all...))
 			e.check(client(ap(exts[served-1], 80)), dnatTo(true, all...))
-			e.check(client(ap(exts[served], 80)), outcome{verdict: nft.Accept})
+			e.check(client(ap(exts[served], 80)), rejected(true))
+			e.check(client(ap(exts[nExt-1], 80)), rejected(true))
+
+			// ETP Local: each address holds the local and the cluster list; the
+			// bound counts every endpoint twice, however many are local.
+			local := *sp
+			local.ExternalPolicyLocal = true
+			e.put(&local, eps...)
+			e.sync(false, sp.Name)
+			var locals []netip.AddrPort
+			for i := 0; i < nEps; i += 2 {
+				locals = append(locals, pod(f, i+1, 8080))
+			}
+			served = maxExternalElements / (2 * nEps)
+			e.check(client(ap(exts[served-1], 80)), dnatTo(false, locals...))
+			e.check(client(ap(exts[served], 80)), rejected(true))
+		})
+		t.Run(f.Name+"/source-ranges", func(t *testing.T) {
+			// VIPs × (source ranges + VIPs, as sources when a range holds
+			// the node IP): 400 VIPs wrote 160k allow elements.
+			e := newEnv(t, f)
+			vips := addrs(400)
+			sp := svc(f, "fw", 10, 80, tcp, sourceRange(1, 24))
+			sp.LoadBalancerVIPs = vips
+			sp.SourceRanges = append(sp.SourceRanges, netip.PrefixFrom(testaddr.Node(f, 1), f.BitLen-8).Masked())
+			e.put(sp, ep(f, 1, 8080, false))
+			e.sync(true)
+			per := 1 + len(sp.SourceRanges) + len(vips)
+			served := maxExternalElements / per
+			n := 0
+			for _, set := range []string{"fw-allow-32", "fw-allow-24", "fw-allow-128", "fw-allow-120", "fw-allow-112"} {
+				els, err := e.fake.ListElements(t.Context(), f, e.b.Table(), set)
+				if err == nil {
+					n += len(els)
+				}
+			}
+			if n == 0 || n > served*(len(sp.SourceRanges)+len(vips)) {
+				t.Errorf("%d source range elements for %d served VIPs, want at most %d", n, served, served*(len(sp.SourceRanges)+len(vips)))
+			}
+			e.check(client(ap(vips[0], 80)), dnatTo(true, pod(f, 1, 8080)))
+			e.check(client(ap(vips[served], 80)), rejected(true))
 		})
 	}
 }

@@ -66,6 +66,8 @@ type portBuilder struct {
 	data  [2]string
 	// short: a short-circuit kind uses the cluster list (see hairpin).
 	short bool
+	// unserved are the external address keys boundExternal left out.
+	unserved map[string]bool
 	// moves and ghosts are each used list's slotMoves when the port's affinity
 	// entries follow its slots (tracksAffinity).
 	moves  [2][]int32
@@ -286,6 +288,11 @@ func (b *portBuilder) external() {
 			ek, nk = kindExtLocal, kindNPLocal
 		}
 		b.addExternal(served, np, ek, nk, ps.ExternalPolicyLocal)
+		// The addresses not served are refused, as when the port has no
+		// endpoints, not left to route on unproxied.
+		for _, k := range keys[len(served):] {
+			b.add(fixedKey(setNoEndpointServices), k, "")
+		}
 	} else {
 		svcSet, npSet := setNoEndpointServices, setNoEndpointNodePorts
 		if ps.HasAny {
@@ -303,22 +310,29 @@ func (b *portBuilder) external() {
 	}
 }
 
-// maxExternalElements bounds the @endpoints elements of one service port's
-// ExternalIPs and load-balancer VIPs. Each of them holds its own copy of the
-// port's endpoint list (and with ETP Local of the cluster list too), so a
-// Service with thousands of external addresses and of endpoints would write
+// maxExternalElements bounds the elements one service port's ExternalIPs and
+// load-balancer IPs write. Each of them holds its own copy of the port's
+// endpoint list (with ETP Local also of the cluster list), and each VIP its
+// source ranges (and, when a range holds the node IP, every VIP as a source), so
+// a Service with thousands of external addresses and of endpoints would write
 // millions of elements: a transaction that holds the nftables lock for minutes,
 // and kernel memory in gigabytes. kube-proxy's cost is their sum. 100k elements
 // are about 20 MB of kernel memory and 0.7 s to write.
 const maxExternalElements = 100000
 
-// boundExternal returns the external address keys to program: all of them,
-// or, when their endpoint elements would pass maxExternalElements, the first
-// ones (in key order) that fit, logging the others as not served.
+// boundExternal returns the external address keys to serve, and sets
+// b.unserved to the others: all of them, or, when their elements could pass
+// maxExternalElements, the first ones (in key order) that fit, logging the
+// others. The bound counts every endpoint of the port, whatever this node
+// chooses, so every node serves the same addresses.
 func (b *portBuilder) boundExternal(keys []string) []string {
-	per := len(b.ps.ExternalEndpoints())
-	if b.ps.ExternalPolicyLocal {
-		per += len(b.ps.Cluster)
+	ps := b.ps
+	per := ps.Endpoints
+	if ps.ExternalPolicyLocal {
+		per *= 2 // the local list and the short-circuit's cluster list
+	}
+	if len(ps.LoadBalancerVIPs) > 0 && len(ps.SourceRanges) > 0 {
+		per += len(ps.SourceRanges) + len(ps.LoadBalancerVIPs)
 	}
 	if per == 0 || len(keys)*per <= maxExternalElements {
 		return keys
@@ -326,7 +340,11 @@ func (b *portBuilder) boundExternal(keys []string) []string {
 	n := max(1, maxExternalElements/per)
 	if !b.replay {
 		klog.ErrorS(nil, "Not serving some ExternalIPs and load-balancer IPs of a service port: each would hold its own copy of the endpoint list",
-			"servicePort", b.ps.Name.String(), "externalAddresses", len(keys), "served", n, "endpoints", per, "maxElements", maxExternalElements)
+			"servicePort", ps.Name.String(), "externalAddresses", len(keys), "served", n, "endpoints", ps.Endpoints, "maxElements", maxExternalElements)
+	}
+	b.unserved = map[string]bool{}
+	for _, k := range keys[n:] {
+		b.unserved[k] = true
 	}
 	return keys[:n]
 }
@@ -353,6 +371,9 @@ func (b *portBuilder) firewall(node *proxier.NodeConfig) {
 	fromNode := node != nil && slices.ContainsFunc(ps.SourceRanges, func(p netip.Prefix) bool { return p.Contains(node.NodeIP) })
 	for _, vip := range ps.LoadBalancerVIPs {
 		key := vipKey(vip, b.proto, ps.Port)
+		if b.unserved[key] {
+			continue // refused to every source (see boundExternal)
+		}
 		b.add(fixedKey(setFirewallIPs), key, "")
 		for _, p := range ps.SourceRanges {
 			b.add(fwKey(p.Bits()), key+string(nft.AddrBytes(p.Masked().Addr())), "")
