@@ -456,8 +456,12 @@ func metricsMux(m *metrics.Metrics, cfg *config.Config) http.Handler {
 		installStatusz(mux)
 	}
 	if profiling {
+		// As kube-proxy's (apiserver's routes.Profiling): no cmdline (the
+		// index answers it as an unknown profile), and /debug/pprof redirects.
+		mux.ServeMux.HandleFunc("/debug/pprof", func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "/debug/pprof/", http.StatusFound)
+		})
 		mux.ServeMux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.ServeMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 		mux.ServeMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.ServeMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.ServeMux.HandleFunc("/debug/pprof/trace", pprof.Trace)

@@ -42,7 +42,8 @@ func TestMetricsMux(t *testing.T) {
 		{off, "/healthz/ping", 200, "ok"},
 		{off, "/metrics/slis", 200, `kubernetes_healthcheck{name="ping",type="healthz"} 1`},
 		{off, "/flagz", 200, "\nmasquerade-all=true\nproxy-mode=nftables\n"},
-		{off, "/statusz", 200, "Paths: /configz /flagz /healthz /metrics /proxyMode /statusz\n"},
+		{off, "/statusz", 200, "Paths: /configz /flagz /healthz /metrics /proxyMode\n"},
+		{off, "/healthz?verbose&exclude=ping&exclude=nope", 200, "[+]ping excluded: ok\nwarn: some health checks cannot be excluded: no matches for \"nope\"\nhealthz check passed\n"},
 		{off, "/statusz", 200, "Binary version: " + Version()},
 		{off, "/debug/flags/v", 404, ""},
 		{off, "/proxyMode", 200, "nftables"},
@@ -51,13 +52,39 @@ func TestMetricsMux(t *testing.T) {
 		{off, "/debug/pprof/heap", 404, ""},
 		{on, "/debug/pprof/", 200, "goroutine"},
 		{on, "/debug/pprof/heap?debug=1", 200, "heap profile"},
-		{on, "/debug/pprof/cmdline", 200, ""},
+		{on, "/debug/pprof/cmdline", 404, "Unknown profile"},
+		{on, "/debug/pprof", 302, ""},
 		{on, "/debug/flags", 200, "<tr>v<br>"},
 		{on, "/debug/flags/v", 406, "unsupported http method"},
 	} {
 		code, body := get(tc.h, tc.path)
 		if code != tc.code || !strings.Contains(body, tc.contains) {
 			t.Errorf("GET %s: %d %.80q, want %d containing %q", tc.path, code, body, tc.code, tc.contains)
+		}
+	}
+	// /flagz and /statusz answer text, their structured kind as JSON, and
+	// refuse other media types, as kube-proxy's negotiation does.
+	accept := func(path, accept string) (int, string, string) {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		req.Header.Set("Accept", accept)
+		off.ServeHTTP(rec, req)
+		return rec.Code, rec.Header().Get("Content-Type"), rec.Body.String()
+	}
+	for _, tc := range []struct {
+		path, accept, ctype, contains string
+		code                          int
+	}{
+		{"/flagz", "*/*", "text/plain; charset=utf-8", "proxy-mode=nftables", 200},
+		{"/flagz", "text/plain", "text/plain; charset=utf-8", "proxy-mode=nftables", 200},
+		{"/flagz", "application/json;as=Flagz;v=v1beta1;g=config.k8s.io", "application/json", `"flags":{"masquerade-all":"true","proxy-mode":"nftables"}`, 200},
+		{"/flagz", "application/json", "text/plain; charset=utf-8", "", 406},
+		{"/statusz", "application/json;as=Statusz;v=v1beta1;g=config.k8s.io", "application/json", `"kind":"Statusz"`, 200},
+		{"/statusz", "application/json;as=Flagz;v=v1beta1;g=config.k8s.io", "text/plain; charset=utf-8", "", 406},
+	} {
+		code, ctype, body := accept(tc.path, tc.accept)
+		if code != tc.code || ctype != tc.ctype || !strings.Contains(body, tc.contains) {
+			t.Errorf("GET %s, Accept %s: %d %s %.120q; want %d %s containing %q", tc.path, tc.accept, code, ctype, body, tc.code, tc.ctype, tc.contains)
 		}
 	}
 	// /flagz and /statusz go with their feature gates (on by default).

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"html"
 	"io"
@@ -55,58 +56,129 @@ func gateOn(cfg *config.Config, name string, def bool) bool {
 }
 
 // installHealthz installs /healthz with kube-proxy's single ping check, which
-// each request records in the SLI metrics, and /metrics/slis serving them
-// (DELETE resets them).
+// each request records in the SLI metrics unless ?exclude=ping, and
+// /metrics/slis serving them (DELETE resets them).
 func installHealthz(mux *listingMux) {
 	slis.SLIMetricsWithReset{}.Install(mux)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		_ = slis.ObserveHealthcheck(context.Background(), "ping", "healthz", slis.Success)
+		q := r.URL.Query()
+		excluded := map[string]bool{}
+		for _, name := range q["exclude"] {
+			excluded[name] = true // as given: kube-proxy splits nothing
+		}
+		var out strings.Builder
+		if excluded["ping"] {
+			out.WriteString("[+]ping excluded: ok\n")
+			delete(excluded, "ping")
+		} else {
+			_ = slis.ObserveHealthcheck(context.Background(), "ping", "healthz", slis.Success)
+			out.WriteString("[+]ping ok\n")
+		}
+		if len(excluded) > 0 {
+			var quoted []string
+			for _, name := range slices.Sorted(maps.Keys(excluded)) {
+				quoted = append(quoted, fmt.Sprintf("%q", name))
+			}
+			fmt.Fprintf(&out, "warn: some health checks cannot be excluded: no matches for %s\n", strings.Join(quoted, ","))
+		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		if _, verbose := r.URL.Query()["verbose"]; !verbose {
+		if _, verbose := q["verbose"]; !verbose {
 			_, _ = io.WriteString(w, "ok")
 			return
 		}
-		_, _ = io.WriteString(w, "[+]ping ok\nhealthz check passed\n")
+		_, _ = io.WriteString(w, out.String()+"healthz check passed\n")
 	})
 	mux.ServeMux.HandleFunc("/healthz/ping", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok")
 	})
 }
 
+// zpageFormat is what a /flagz or /statusz request accepts: the text page (no
+// Accept header, text/plain, text/* or */*), the structured object as JSON
+// (application/json;as=<kind>;v=v1beta1;g=config.k8s.io), or nothing (ok
+// false: 406), as kube-proxy's negotiation answers (it also offers YAML and
+// CBOR, and the deprecated v1alpha1).
+func zpageFormat(r *http.Request, kind string) (asJSON, ok bool) {
+	accept := strings.TrimSpace(r.Header.Get("Accept"))
+	if accept == "" {
+		return false, true
+	}
+	for _, clause := range strings.Split(accept, ",") {
+		parts := strings.Split(clause, ";")
+		params := map[string]string{}
+		for _, p := range parts[1:] {
+			if k, v, found := strings.Cut(strings.TrimSpace(p), "="); found {
+				params[strings.ToLower(k)] = strings.Trim(v, `"`)
+			}
+		}
+		switch mt := strings.ToLower(strings.TrimSpace(parts[0])); {
+		case mt == "application/json" && params["as"] == kind && params["v"] == "v1beta1" && params["g"] == "config.k8s.io":
+			return true, true
+		case (mt == "text/plain" || mt == "text/*" || mt == "*/*") && params["as"] == "":
+			return false, true
+		}
+	}
+	return false, false
+}
+
+// writeZPage answers a /flagz or /statusz request with the text page or the
+// structured object obj (its TypeMeta and ObjectMeta filled here).
+func writeZPage(w http.ResponseWriter, r *http.Request, kind, text string, obj map[string]any) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	asJSON, ok := zpageFormat(r, kind)
+	switch {
+	case !ok:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusNotAcceptable)
+		_, _ = fmt.Fprintf(w, "only the following media types are accepted: text/plain, application/json;as=%s;v=v1beta1;g=config.k8s.io\n", kind)
+	case asJSON:
+		obj["kind"], obj["apiVersion"] = kind, "config.k8s.io/v1beta1"
+		obj["metadata"] = map[string]string{"name": kubeProxyComponent}
+		b, err := json.Marshal(obj)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+	default:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, text)
+	}
+}
+
 // installFlagz serves /flagz: every flag with its value, as parsed.
 func installFlagz(mux *listingMux, flags map[string]string) {
-	mux.HandleFunc("/flagz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
+	mux.HandleFunc("/flagz", func(w http.ResponseWriter, r *http.Request) {
 		var b strings.Builder
 		fmt.Fprintf(&b, "\n%s flagz\n%s\n\n", kubeProxyComponent, zpageWarning)
 		for _, name := range slices.Sorted(maps.Keys(flags)) {
 			fmt.Fprintf(&b, "%s=%s\n", name, flags[name])
 		}
-		_, _ = io.WriteString(w, b.String())
+		writeZPage(w, r, "Flagz", b.String(), map[string]any{"flags": flags})
 	})
 }
 
 // installStatusz serves /statusz: start time, uptime, Go and binary versions
-// and the top-level paths the mux lists (read when served, so paths installed
-// after it count).
+// and the top-level paths the mux listed before it, as kube-proxy's lists the
+// paths installed before its statusz.
 func installStatusz(mux *listingMux) {
-	mux.HandleFunc("/statusz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		up := int64(time.Since(processStart).Seconds())
-		var top []string
-		for _, p := range mux.listed {
-			if parts := strings.Split(p, "/"); len(parts) >= 2 && parts[1] != "" {
-				top = append(top, "/"+parts[1])
-			}
+	var top []string
+	for _, p := range mux.listed {
+		if parts := strings.Split(p, "/"); len(parts) >= 2 && parts[1] != "" {
+			top = append(top, "/"+parts[1])
 		}
-		slices.Sort(top)
-		top = slices.Compact(top)
-		_, _ = fmt.Fprintf(w, "\n%s statusz\n%s\n\nStarted: %s\nUp: %d hr %02d min %02d sec\nGo version: %s\nBinary version: %s\nPaths: %s\n",
+	}
+	slices.Sort(top)
+	top = slices.Compact(top)
+	mux.HandleFunc("/statusz", func(w http.ResponseWriter, r *http.Request) {
+		up := max(0, int64(time.Since(processStart).Seconds()))
+		text := fmt.Sprintf("\n%s statusz\n%s\n\nStarted: %s\nUp: %d hr %02d min %02d sec\nGo version: %s\nBinary version: %s\nPaths: %s\n",
 			kubeProxyComponent, zpageWarning, processStart.Format(time.UnixDate), up/3600, (up/60)%60, up%60,
 			runtime.Version(), html.EscapeString(Version()), strings.Join(top, " "))
+		writeZPage(w, r, "Statusz", text, map[string]any{"startTime": processStart.UTC().Format(time.RFC3339),
+			"uptimeSeconds": up, "goVersion": runtime.Version(), "binaryVersion": Version(), "paths": top})
 	})
 }
 

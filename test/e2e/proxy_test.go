@@ -900,9 +900,13 @@ func metricFamilies(t *testing.T, e *env, addr string) map[string]metricFamily {
 // metricsPortPaths are the metrics port's paths whose answers
 // checkPagesParity compares; bodyChecked are those whose body it compares too.
 var (
-	metricsPortPaths = []string{"/healthz", "/healthz?verbose", "/healthz/ping", "/metrics/slis", "/flagz", "/statusz",
-		"/configz", "/proxyMode", "/livez", "/readyz", "/debug/pprof/", "/debug/flags/v", "/nothing-here"}
-	bodyChecked = []string{"/healthz", "/healthz?verbose", "/healthz/ping"}
+	metricsPortPaths = []string{"/healthz", "/healthz?verbose", "/healthz?verbose&exclude=ping&exclude=nope", "/healthz/ping",
+		"/metrics/slis", "/flagz", "/statusz", "/configz", "/proxyMode", "/livez", "/readyz", "/debug/pprof", "/debug/pprof/",
+		"/debug/flags/v", "/nothing-here",
+		// path, a space, then the Accept header to send
+		"/flagz application/json", "/flagz application/json;as=Flagz;v=v1beta1;g=config.k8s.io",
+		"/statusz text/plain", "/statusz application/json;as=Statusz;v=v1beta1;g=config.k8s.io"}
+	bodyChecked = []string{"/healthz", "/healthz?verbose", "/healthz?verbose&exclude=ping&exclude=nope", "/healthz/ping"}
 )
 
 // metricsPortPages asks a proxy's metrics port for each of metricsPortPaths, in
@@ -912,7 +916,12 @@ func metricsPortPages(t *testing.T, e *env, addr string) map[string]string {
 	t.Helper()
 	pages := map[string]string{}
 	for _, p := range metricsPortPaths {
-		out, err := netns.Exec(e.c.Node, "curl", "-s", "--max-time", "5", "-w", "\n%{http_code}", "http://"+addr+p)
+		args := []string{"-s", "--max-time", "5", "-w", "\n%{http_code}"}
+		path, accept, ok := strings.Cut(p, " ")
+		if ok {
+			args = append(args, "-H", "Accept: "+accept)
+		}
+		out, err := netns.Exec(e.c.Node, "curl", append(args, "http://"+addr+path)...)
 		if err != nil {
 			e.fatalf(t, "GET %s%s: %v: %s", addr, p, err, out)
 		}
