@@ -200,6 +200,10 @@ func (o *Options) Complete(fs *pflag.FlagSet) (*Config, error) {
 		if fs.Changed("cluster-cidr") && o.clusterCIDRs != "" {
 			c.ClusterCIDRs = strings.Split(o.clusterCIDRs, ",")
 		}
+		// kube-proxy's flags point into the configuration it then defaults,
+		// so its /flagz shows those defaults (not with --config: the file's
+		// configuration replaces the one the flags point into).
+		o.flags.applyPlatformDefaults()
 	}
 	c.applyPlatformDefaults()
 

@@ -305,4 +305,15 @@ func TestParseKeepsFlags(t *testing.T) {
 			t.Errorf("Flags[%q] = %q (%v), want %q", name, got, ok, want)
 		}
 	}
+	// Without --config the platform defaults show, as in kube-proxy's /flagz,
+	// whose flags point into the configuration it defaults.
+	c, err = Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"proxy-mode": "nftables", "detect-local-mode": "ClusterCIDR", "nodeport-addresses": "[primary]"} {
+		if got := c.Flags[name]; got != want {
+			t.Errorf("without flags: Flags[%q] = %q, want %q", name, got, want)
+		}
+	}
 }
