@@ -92,7 +92,8 @@ type Config struct {
 	// the metrics server.
 	EnableProfiling bool
 	// ShowHiddenMetricsForVersion ("showHiddenMetricsForVersion",
-	// --show-hidden-metrics-for-version), "<major>.<minor>".
+	// --show-hidden-metrics-for-version), "" or the previous minor version,
+	// "1.35" (dsproxy has no hidden metrics to show).
 	ShowHiddenMetricsForVersion string
 
 	// ClusterCIDRs ("clusterCIDR" comma-separated, --cluster-cidr): at most

@@ -28,7 +28,8 @@ func (p *PortState) ExternalEndpoints() []Endpoint {
 	return p.Cluster
 }
 
-// Equal reports whether two port states program the same rules.
+// Equal reports whether two port states program the same rules (including the
+// nftables backend's bound on external addresses, which follows Endpoints).
 func (p *PortState) Equal(o *PortState) bool {
 	if p == nil || o == nil {
 		return p == o

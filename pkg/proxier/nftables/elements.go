@@ -321,20 +321,23 @@ func (b *portBuilder) external() {
 const maxExternalElements = 100000
 
 // boundExternal returns the external address keys to serve, and sets
-// b.unserved to the others: all of them, or, when their elements could pass
-// maxExternalElements, the first ones (in key order) that fit, logging the
-// others. The bound counts every endpoint of the port, whatever this node
-// chooses, so every node serves the same addresses.
+// b.unserved to the others: all of them, or, when the elements of all could
+// pass maxExternalElements, as many (in key order, at least one) as fit,
+// logging the others. The count per address is its endpoint lists, dispatch
+// elements and firewall elements, with every endpoint of the port counted
+// (ps.Endpoints), whatever this node chooses, so every node serves the same
+// addresses; the cut-off moves with that count. Each address left out still
+// costs one element: it is refused.
 func (b *portBuilder) boundExternal(keys []string) []string {
 	ps := b.ps
-	per := ps.Endpoints
+	per := ps.Endpoints + 1 // its list and its dispatch element
 	if ps.ExternalPolicyLocal {
 		per *= 2 // the local list and the short-circuit's cluster list
 	}
 	if len(ps.LoadBalancerVIPs) > 0 && len(ps.SourceRanges) > 0 {
-		per += len(ps.SourceRanges) + len(ps.LoadBalancerVIPs)
+		per += 1 + len(ps.SourceRanges) + len(ps.LoadBalancerVIPs)
 	}
-	if per == 0 || len(keys)*per <= maxExternalElements {
+	if len(keys)*per <= maxExternalElements {
 		return keys
 	}
 	n := max(1, maxExternalElements/per)
