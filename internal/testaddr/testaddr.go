@@ -43,3 +43,15 @@ func PodCIDR(f *family.Family) netip.Prefix {
 
 // Prefix returns a /bits prefix around a.
 func Prefix(a netip.Addr, bits int) netip.Prefix { return netip.PrefixFrom(a, bits).Masked() }
+
+// Plus returns a + n, for more addresses of a role than one byte numbers (n
+// carries into the higher bytes, in either family).
+func Plus(a netip.Addr, n int) netip.Addr {
+	b := a.AsSlice()
+	for i := len(b) - 1; i >= 0 && n > 0; i-- {
+		sum := int(b[i]) + n%256
+		b[i], n = byte(sum), n/256+sum/256
+	}
+	out, _ := netip.AddrFromSlice(b)
+	return out
+}

@@ -105,11 +105,7 @@ func TestExternalElementsBounded(t *testing.T) {
 		addrs := func(n int) []netip.Addr {
 			var out []netip.Addr
 			for i := range n {
-				if f == family.IPv4 {
-					out = append(out, netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}))
-				} else {
-					out = append(out, netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 0x0e, 14: byte(i >> 8), 15: byte(i)}))
-				}
+				out = append(out, testaddr.Plus(testaddr.Ext(f, 0), i))
 			}
 			return out
 		}

@@ -5,11 +5,11 @@ package nftables
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/dsproxy/dsproxy/internal/netnstest"
+	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nft"
@@ -147,7 +147,7 @@ func BenchmarkAffinityMove(b *testing.B) {
 					tx.FlushSet(e.b.Table(), fixedSetNames[setNodePortAffinity])
 					var cl, np []nft.Element
 					for i := range n {
-						c := benchClient(f, i)
+						c := testaddr.Plus(testaddr.Client(f, 0), i)
 						ck, nk := affinityKeys(f, c)
 						cl = append(cl, nft.Element{Key: ck, Data: nft.MarkBytes(uint32(i % 4)), Timeout: time.Hour})
 						if i%8 == 0 { // fewer clients come through the NodePort
@@ -174,12 +174,4 @@ func BenchmarkAffinityMove(b *testing.B) {
 			})
 		}
 	}
-}
-
-// benchClient is the i-th of up to 65536 client addresses.
-func benchClient(f *family.Family, i int) netip.Addr {
-	if f == family.IPv4 {
-		return netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)})
-	}
-	return netip.AddrFrom16([16]byte{0xfd, 0xc8, 14: byte(i >> 8), 15: byte(i)})
 }
