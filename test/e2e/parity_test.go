@@ -649,6 +649,7 @@ func (x *parityFixture) run(want map[string]parityOutcome) map[string]parityOutc
 
 // probe dials pr: a failing probe is settled after 3 failed dials, a served one
 // after 24, or with want after 12 once it has seen what want saw (at most 40).
+// A dial that times out is dialled again at once before it counts as dropped.
 func (x *parityFixture) probe(pr parityProbe, want parityOutcome, haveWant bool) parityOutcome {
 	o := parityOutcome{servers: map[string]bool{}, srcs: map[string]bool{}, fails: map[string]bool{}}
 	failed := 0
@@ -659,6 +660,13 @@ func (x *parityFixture) probe(pr parityProbe, want parityOutcome, haveWant bool)
 		}
 		r, err := netns.Dial(pr.from, pr.proto, pr.dst, timeout)
 		o.dials++
+		if netns.IsTimeout(err) {
+			// A timeout counts only when a dial right after it times out
+			// too: under emulation a loaded guest stalled one of 24 dials
+			// of a NodePort kube-proxy served. A port that drops, even one
+			// endpoint in two, still shows it within the probe's dials.
+			r, err = netns.Dial(pr.from, pr.proto, pr.dst, negTimeout)
+		}
 		switch {
 		case err == nil:
 			o.servers[r.Server] = true
