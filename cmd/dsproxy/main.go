@@ -19,7 +19,10 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	err := run(os.Args[1:])
+	// Buffered log output (--log-*-info-buffer-size) is written before exit.
+	klog.Flush()
+	if err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintf(os.Stdout, "Usage of dsproxy (kube-proxy compatible flags):\n%s", config.FlagUsages())
 			os.Exit(0)

@@ -4,6 +4,10 @@ import (
 	"time"
 
 	logsapi "k8s.io/component-base/logs/api/v1"
+	// The JSON log format (--logging-format=json, logging.format: json), as
+	// kube-proxy registers it in its main package; here so that validation and
+	// the flags (--log-json-*) know it wherever the configuration is parsed.
+	_ "k8s.io/component-base/logs/json/register"
 	"k8s.io/kube-proxy/config/v1alpha1"
 )
 

@@ -15,7 +15,10 @@ import (
 
 // kubeProxyFlags is every flag kube-proxy v1.36 registers on Linux
 // (cmd/kube-proxy/app/options.go AddFlags, logsapi.AddFlags, verflag).
-// The JSON logging flags exist only when the json log format is registered.
+// The JSON logging flags exist because package config registers the json log
+// format, as kube-proxy's main package does. Not here: --boot-id-file and
+// --machine-id-file, which kube-proxy's flag set takes from the Go flag set of a
+// dependency (cadvisor) and never reads.
 var kubeProxyFlags = []string{
 	"config", "write-config-to", "cleanup", "feature-gates", "kubeconfig", "master",
 	"kube-api-content-type", "kube-api-burst", "kube-api-qps", "hostname-override",
@@ -30,7 +33,7 @@ var kubeProxyFlags = []string{
 	"conntrack-tcp-timeout-close-wait", "conntrack-tcp-be-liberal", "conntrack-udp-timeout",
 	"conntrack-udp-timeout-stream", "config-sync-period", "healthz-port", "metrics-port",
 	"logging-format", "log-flush-frequency", "v", "vmodule", "log-text-split-stream",
-	"log-text-info-buffer-size", "version",
+	"log-text-info-buffer-size", "log-json-split-stream", "log-json-info-buffer-size", "version",
 }
 
 func TestAllKubeProxyFlagsRegistered(t *testing.T) {

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The tests run main in a child process (this test binary, re-executed): the
+// logging configuration is process-wide and main exits.
+const childEnv = "DSPROXY_MAIN_TEST_ARGS"
+
+func TestMain(m *testing.M) {
+	if args, ok := os.LookupEnv(childEnv); ok {
+		os.Args = append([]string{"dsproxy"}, strings.Split(args, "\n")...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runMain runs dsproxy with args and returns its stdout and stderr.
+func runMain(t *testing.T, args ...string) (stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\n"))
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("dsproxy %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, out.String(), errOut.String())
+	}
+	return out.String(), errOut.String()
+}
+
+// jsonMessages parses every line of s as a JSON log entry and returns their
+// "msg" fields; a line that is not one fails the test.
+func jsonMessages(t *testing.T, s string) []string {
+	t.Helper()
+	var msgs []string
+	for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+		if line == "" {
+			continue
+		}
+		var e struct {
+			Msg string `json:"msg"`
+			V   *int   `json:"v"`
+		}
+		if err := json.Unmarshal([]byte(line), &e); err != nil || e.Msg == "" || e.V == nil {
+			t.Fatalf("not a JSON log entry: %q (%v)", line, err)
+		}
+		msgs = append(msgs, e.Msg)
+	}
+	return msgs
+}
+
+// wantMessages: the two messages --write-config-to logs without a cluster CIDR.
+var wantMessages = []string{"Configuration warning", "Wrote configuration"}
+
+func sameMessages(a, b []string) bool {
+	return strings.Join(a, "\n") == strings.Join(b, "\n")
+}
+
+// TestLoggingFormatJSON: --logging-format=json and a file's logging.format: json
+// log JSON entries (to stderr unless split), as kube-proxy, which registers the
+// format; before, dsproxy refused both ("Unsupported log format").
+func TestLoggingFormatJSON(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "written.yaml")
+
+	t.Run("flag", func(t *testing.T) {
+		stdout, stderr := runMain(t, "--logging-format=json", "--write-config-to="+out)
+		if stdout != "" {
+			t.Errorf("stdout: %q, want nothing (one stream, stderr)", stdout)
+		}
+		if got := jsonMessages(t, stderr); !sameMessages(got, wantMessages) {
+			t.Errorf("messages %q, want %q", got, wantMessages)
+		}
+		written, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(written), "format: json") {
+			t.Errorf("written configuration has no \"format: json\":\n%s", written)
+		}
+	})
+
+	t.Run("file", func(t *testing.T) {
+		file := filepath.Join(dir, "config.yaml")
+		conf := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nlogging:\n  format: json\n"
+		if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, stderr := runMain(t, "--config="+file, "--write-config-to="+out)
+		if got := jsonMessages(t, stderr); !sameMessages(got, wantMessages) {
+			t.Errorf("messages %q, want %q", got, wantMessages)
+		}
+	})
+
+	t.Run("text stays klog's", func(t *testing.T) {
+		_, stderr := runMain(t, "--write-config-to="+out)
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		if len(lines) != len(wantMessages) {
+			t.Fatalf("stderr %q, want %d lines", stderr, len(wantMessages))
+		}
+		for i, line := range lines {
+			if !strings.HasPrefix(line, "I") || !strings.Contains(line, `"`+wantMessages[i]+`"`) {
+				t.Errorf("line %q, want a klog info line with %q", line, wantMessages[i])
+			}
+		}
+	})
+}
+
+// TestBufferedLogsFlushed: with split streams and an info buffer, the info
+// entries still buffered when dsproxy exits are written (main flushes klog).
+func TestBufferedLogsFlushed(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "written.yaml")
+	for _, format := range []string{"json", "text"} {
+		t.Run(format, func(t *testing.T) {
+			stdout, _ := runMain(t, "--feature-gates=LoggingAlphaOptions=true", "--logging-format="+format,
+				"--log-"+format+"-split-stream", "--log-"+format+"-info-buffer-size=1Mi", "--write-config-to="+out)
+			var got []string
+			if format == "json" {
+				got = jsonMessages(t, stdout)
+			} else {
+				for _, m := range wantMessages {
+					if strings.Contains(stdout, `"`+m+`"`) {
+						got = append(got, m)
+					}
+				}
+			}
+			if !sameMessages(got, wantMessages) {
+				t.Errorf("stdout has %q, want %q; stdout:\n%s", got, wantMessages, stdout)
+			}
+		})
+	}
+}
