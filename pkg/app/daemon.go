@@ -449,10 +449,10 @@ func metricsMux(m *metrics.Metrics, cfg *config.Config) http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		_, _ = fmt.Fprint(w, mode)
 	})
-	if gateOn(cfg, "ComponentFlagz", true) {
+	if gateEnabled(cfg, "ComponentFlagz", true) {
 		installFlagz(mux, cfg.Flags)
 	}
-	if gateOn(cfg, "ComponentStatusz", true) {
+	if gateEnabled(cfg, "ComponentStatusz", true) {
 		installStatusz(mux)
 	}
 	if profiling {

@@ -15,8 +15,6 @@ import (
 
 	"k8s.io/component-base/logs"
 	"k8s.io/component-base/metrics/prometheus/slis"
-
-	"github.com/dsproxy/dsproxy/pkg/config"
 )
 
 // The metrics server's pages other than /metrics, /configz and /proxyMode, as
@@ -45,14 +43,6 @@ func (m *listingMux) Handle(path string, h http.Handler) {
 
 func (m *listingMux) HandleFunc(path string, h func(http.ResponseWriter, *http.Request)) {
 	m.Handle(path, http.HandlerFunc(h))
-}
-
-// gateOn reports whether feature gate name is on in cfg, given its default.
-func gateOn(cfg *config.Config, name string, def bool) bool {
-	if on, ok := cfg.FeatureGates[name]; ok {
-		return on
-	}
-	return def
 }
 
 // installHealthz installs /healthz with kube-proxy's single ping check, which

@@ -43,9 +43,10 @@
 //   - An empty metrics bind address (--metrics-port=0) means "disabled", as
 //     for healthz; kube-proxy v1.36 rejects it. An empty --cluster-cidr means
 //     "none"; kube-proxy rejects it.
-//   - --log-json-split-stream and --log-json-info-buffer-size exist only if
-//     the binary registers the json log format
-//     (k8s.io/component-base/logs/json/register), as kube-proxy does.
+//   - The json log format is registered by this package
+//     (k8s.io/component-base/logs/json/register), as by kube-proxy's main, so
+//     --log-json-split-stream and --log-json-info-buffer-size exist wherever
+//     the flags are.
 //   - ClusterCIDRs are validated in every detect-local mode, not only in
 //     ClusterCIDR mode.
 //   - featureGates names are not checked (they are kube-proxy's gates, not
