@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/coreos/go-iptables v0.8.0
+	github.com/fsnotify/fsnotify v1.10.1
 	github.com/go-logr/logr v1.4.3
 	github.com/google/go-cmp v0.7.0
 	github.com/google/nftables v0.3.0

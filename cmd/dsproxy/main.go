@@ -62,6 +62,15 @@ func run(args []string) error {
 	if cfg.InitOnly {
 		return app.InitOnly(cfg)
 	}
+	if cfg.ConfigFile != "" {
+		// As kube-proxy: a write to the file (or its rename) ends the daemon, and
+		// its DaemonSet starts it again with the new configuration.
+		var stopWatch func()
+		if ctx, stopWatch, err = app.WatchConfigFile(ctx, cfg.ConfigFile); err != nil {
+			return err
+		}
+		defer stopWatch()
+	}
 	rc, err := app.RESTConfig(cfg)
 	if err != nil {
 		return err
@@ -72,6 +81,9 @@ func run(args []string) error {
 	}
 	d, err := app.New(ctx, cfg, client)
 	if err != nil {
+		if cause := app.StopCause(ctx); cause != nil {
+			return cause
+		}
 		return err
 	}
 	defer d.Close()
@@ -81,5 +93,5 @@ func run(args []string) error {
 		return err
 	}
 	klog.InfoS("dsproxy stopped; rules left in place")
-	return nil
+	return app.StopCause(ctx)
 }

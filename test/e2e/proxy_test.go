@@ -52,6 +52,7 @@ func TestProxy(t *testing.T) {
 		"d1",             // Delete
 		"r1", "r2", "r3", // DsproxyRestart
 		"m1", "m2", "m3", // ModeSwitch
+		"w1",                         // ConfigFileUpdated
 		"t1", "t2", "t3", "t4", "t5", // KubeProxyTakeover
 		"q1", "q2", "q3", "q4", // KubeProxyParity
 		"k1", "k2", // APIServerRestart
@@ -64,6 +65,7 @@ func TestProxy(t *testing.T) {
 	t.Run("DsproxyRestart", func(t *testing.T) { testDsproxyRestart(t, e) })
 	t.Run("BindAddressHardFail", func(t *testing.T) { testBindAddressHardFail(t, e) })
 	t.Run("ModeSwitch", func(t *testing.T) { testModeSwitch(t, e) })
+	t.Run("ConfigFileUpdated", func(t *testing.T) { testConfigFileUpdated(t, e) })
 	t.Run("KubeProxyTakeover", func(t *testing.T) { testKubeProxyTakeover(t, e) })
 	t.Run("KubeProxyParity", func(t *testing.T) { testKubeProxyParity(t, e) })
 	// Before APIServerRestart: a restarted kube-apiserver briefly answers
@@ -570,6 +572,169 @@ func testBindAddressHardFail(t *testing.T, e *env) {
 	}
 }
 
+// testConfigFileUpdated: kube-proxy v1.36 exits when its --config file is
+// written or renamed, so that its DaemonSet restarts it with the new file, and
+// goes on when a ConfigMap volume's update replaces the file (the kubelet swaps
+// the volume's ..data link and removes the old directory). The real kube-proxy
+// (nftables mode) is the oracle, then dsproxy must do the same; each leaves its
+// rules serving when it exits.
+func testConfigFileUpdated(t *testing.T, e *env) {
+	sel := map[string]string{"app": "cfgwatch"}
+	vips, _, _ := e.trafficFixture(t, sel, corev1.ServiceTypeClusterIP, "w1")
+	const cidrs = "10.64.0.0/16,fd00:64::/56"
+	const updated = "content of the proxy server's configuration file was updated"
+	serves := func(who, when string) {
+		t.Helper()
+		if _, err := waitBackends(e.c.Node, vips, []string{"w1"}, converge); err != nil {
+			e.errorf(t, "%s %s: %v", who, when, err)
+		}
+	}
+	// volume lays content out as the kubelet lays out a ConfigMap volume; update
+	// swaps in a copy as the kubelet's atomic writer does; change writes the
+	// file in place.
+	volume := func(content string) (path string, update, change func()) {
+		dir := t.TempDir()
+		gen := 0
+		put := func() string {
+			gen++
+			ts := fmt.Sprintf("..2026_11_29_%d", gen)
+			if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, ts, "config.conf"), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return ts
+		}
+		if err := os.Symlink(put(), filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		path = filepath.Join(dir, "config.conf")
+		if err := os.Symlink("..data/config.conf", path); err != nil {
+			t.Fatal(err)
+		}
+		update = func() {
+			old, err := os.Readlink(filepath.Join(dir, "..data"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(put(), filepath.Join(dir, "..data_tmp")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.RemoveAll(filepath.Join(dir, old)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		change = func() {
+			f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.WriteString("# changed\n"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return path, update, change
+	}
+	// A started proxy: its exit channel and status, its log, and SIGTERM.
+	type started struct {
+		done    <-chan struct{}
+		exitErr func() error
+		log     func() string
+		stop    func() error
+	}
+	read := func(file string) func() string {
+		return func() string { data, _ := os.ReadFile(file); return string(data) }
+	}
+	// check: written in place, the file ends the proxy with a failure status and
+	// the message; started again, the volume's update changes nothing (the file
+	// it watched is gone, so a later write is not seen either). Its rules serve
+	// all along.
+	check := func(who string, start func() started, update, change func()) {
+		t.Helper()
+		p := start()
+		serves(who, "before its configuration file was written")
+		change()
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			e.fatalf(t, "%s still runs 15 s after its configuration file was written", who)
+		}
+		var ee *exec.ExitError
+		if !errors.As(p.exitErr(), &ee) || ee.ExitCode() <= 0 {
+			e.errorf(t, "%s after its configuration file was written: exit %v, want a failure status", who, p.exitErr())
+		}
+		if !strings.Contains(p.log(), updated) {
+			e.errorf(t, "%s's log has no %q:\n%s", who, updated, framework.Tail(p.log(), 20))
+		}
+		serves(who, "after it exited")
+
+		p = start()
+		serves(who, "started again")
+		update()
+		change()
+		select {
+		case <-p.done:
+			e.fatalf(t, "%s exited after the ConfigMap volume's update: %v\n%s", who, p.exitErr(), framework.Tail(p.log(), 20))
+		case <-time.After(2 * time.Second):
+		}
+		if err := p.stop(); err != nil {
+			e.errorf(t, "%s on SIGTERM: %v", who, err)
+		}
+	}
+
+	if err := e.cur().stop(); err != nil {
+		e.fatalf(t, "stopping dsproxy: %v", err)
+	}
+	if out, err := netns.Exec(e.c.Node, e.bin, "--cleanup"); err != nil {
+		e.fatalf(t, "dsproxy --cleanup: %v\n%s", err, out)
+	}
+	path, update, change := volume(framework.KubeProxyConfig(e.cp.LinkKubeconfig, e.node, "nftables", cidrs, "127.0.0.1:10349", "127.0.0.1:10356"))
+	check("kube-proxy", func() started {
+		kp := startKubeProxyFile(t, e, "nftables", path)
+		return started{kp.done, func() error { return kp.err }, read(kp.log), kp.stop}
+	}, update, change)
+
+	path, update, change = volume(framework.KubeProxyConfig(e.kubecfg, e.node, "nftables", cidrs, "127.0.0.1:10249", "0.0.0.0:10256"))
+	defer func() {
+		e.mu.Lock()
+		e.args = nil
+		e.mu.Unlock()
+	}()
+	first := true
+	check("dsproxy", func() started {
+		e.mu.Lock()
+		e.args = []string{"--config", path}
+		if first { // kube-proxy's rules are still there
+			e.args = append(e.args, "--cleanup-kube-proxy")
+		}
+		e.mu.Unlock()
+		p := e.startDsproxy(t)
+		want := `"Synced" ipFamily="IPv4"`
+		if first {
+			want = `"Removed kube-proxy's state" errors=false`
+		}
+		first = false
+		if err := p.waitLog(30*time.Second, want); err != nil {
+			e.fatalf(t, "dsproxy --config: %v", err)
+		}
+		return started{p.done, func() error { return p.err }, read(p.log), p.stop}
+	}, update, change)
+
+	e.mu.Lock()
+	e.args = nil
+	e.mu.Unlock()
+	p := e.startDsproxy(t)
+	if err := p.waitLog(30*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`); err != nil {
+		e.fatalf(t, "dsproxy restarted: %v", err)
+	}
+	e.checkAlive(t)
+}
+
 // testKubeProxyTakeover is the migration from kube-proxy, for its iptables and
 // nftables modes: the real kube-proxy v1.36 serves a Service, then stops as
 // when its DaemonSet is deleted (its rules stay and keep serving), and dsproxy
@@ -1023,6 +1188,13 @@ func startKubeProxyConfig(t *testing.T, e *env, mode, extra string) *kubeProxyPr
 	if err := os.WriteFile(cfg, []byte(y), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return startKubeProxyFile(t, e, mode, cfg)
+}
+
+// startKubeProxyFile runs kube-proxy with the configuration file cfg, whose mode
+// is mode.
+func startKubeProxyFile(t *testing.T, e *env, mode, cfg string) *kubeProxyProc {
+	t.Helper()
 	kp := &kubeProxyProc{log: filepath.Join(e.dir, "kube-proxy-"+mode+".log"), done: make(chan struct{})}
 	for i := 2; ; i++ { // a later run in the same mode keeps the earlier log
 		if _, err := os.Stat(kp.log); err != nil {
