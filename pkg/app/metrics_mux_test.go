@@ -45,6 +45,7 @@ func TestMetricsMux(t *testing.T) {
 		{off, "/statusz", 200, "Paths: /configz /flagz /healthz /metrics /proxyMode\n"},
 		{off, "/healthz?verbose&exclude=ping&exclude=nope", 200, "[+]ping excluded: ok\nwarn: some health checks cannot be excluded: no matches for \"nope\"\nhealthz check passed\n"},
 		{off, "/statusz", 200, "Binary version: " + Version()},
+		{off, "/statusz", 200, "\nEmulation version: 1.36\n"},
 		{off, "/debug/flags/v", 404, ""},
 		{off, "/proxyMode", 200, "nftables"},
 		{off, "/metrics", 200, "kubeproxy_sync_proxy_rules"},
@@ -80,6 +81,7 @@ func TestMetricsMux(t *testing.T) {
 		{"/flagz", "application/json;as=Flagz;v=v1beta1;g=config.k8s.io", "application/json", `"flags":{"masquerade-all":"true","proxy-mode":"nftables"}`, 200},
 		{"/flagz", "application/json", "text/plain; charset=utf-8", "", 406},
 		{"/statusz", "application/json;as=Statusz;v=v1beta1;g=config.k8s.io", "application/json", `"kind":"Statusz"`, 200},
+		{"/statusz", "application/json;as=Statusz;v=v1beta1;g=config.k8s.io", "application/json", `"emulationVersion":"1.36"`, 200},
 		{"/statusz", "application/json;as=Flagz;v=v1beta1;g=config.k8s.io", "text/plain; charset=utf-8", "", 406},
 	} {
 		code, ctype, body := accept(tc.path, tc.accept)

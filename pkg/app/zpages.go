@@ -150,7 +150,12 @@ func installFlagz(mux *listingMux, flags map[string]string) {
 	})
 }
 
-// installStatusz serves /statusz: start time, uptime, Go and binary versions
+// emulationVersion is the kube-proxy version whose behaviour dsproxy follows:
+// /statusz names it where kube-proxy names the version it emulates (its own
+// major.minor).
+const emulationVersion = "1.36"
+
+// installStatusz serves /statusz: start time, uptime, Go, binary and emulation versions
 // and the top-level paths the mux listed before it, as kube-proxy's lists the
 // paths installed before its statusz.
 func installStatusz(mux *listingMux) {
@@ -164,11 +169,12 @@ func installStatusz(mux *listingMux) {
 	top = slices.Compact(top)
 	mux.HandleFunc("/statusz", func(w http.ResponseWriter, r *http.Request) {
 		up := max(0, int64(time.Since(processStart).Seconds()))
-		text := fmt.Sprintf("\n%s statusz\n%s\n\nStarted: %s\nUp: %d hr %02d min %02d sec\nGo version: %s\nBinary version: %s\nPaths: %s\n",
+		text := fmt.Sprintf("\n%s statusz\n%s\n\nStarted: %s\nUp: %d hr %02d min %02d sec\nGo version: %s\nBinary version: %s\nEmulation version: %s\nPaths: %s\n",
 			kubeProxyComponent, zpageWarning, processStart.Format(time.UnixDate), up/3600, (up/60)%60, up%60,
-			runtime.Version(), html.EscapeString(Version()), strings.Join(top, " "))
+			runtime.Version(), html.EscapeString(Version()), emulationVersion, strings.Join(top, " "))
 		writeZPage(w, r, "Statusz", text, map[string]any{"startTime": processStart.UTC().Format(time.RFC3339),
-			"uptimeSeconds": up, "goVersion": runtime.Version(), "binaryVersion": Version(), "paths": top})
+			"uptimeSeconds": up, "goVersion": runtime.Version(), "binaryVersion": Version(),
+			"emulationVersion": emulationVersion, "paths": top})
 	})
 }
 

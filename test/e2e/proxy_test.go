@@ -1071,8 +1071,9 @@ var (
 		"/debug/flags/v", "/nothing-here",
 		// path, a space, then the Accept header to send
 		"/flagz application/json", flagzJSON,
-		"/statusz text/plain", "/statusz application/json;as=Statusz;v=v1beta1;g=config.k8s.io"}
+		"/statusz text/plain", statuszJSON}
 	flagzJSON   = "/flagz application/json;as=Flagz;v=v1beta1;g=config.k8s.io"
+	statuszJSON = "/statusz application/json;as=Statusz;v=v1beta1;g=config.k8s.io"
 	bodyChecked = []string{"/healthz", "/healthz?verbose", "/healthz?verbose&exclude=ping&exclude=nope", "/healthz/ping"}
 )
 
@@ -1116,6 +1117,13 @@ func metricsPortPages(t *testing.T, e *env, addr string) map[string]string {
 			}
 			slices.Sort(names)
 			pages[p] = code + " " + strings.Join(names, " ")
+		case p == statuszJSON:
+			// The status, the fields, the paths listed and the emulation version.
+			var statusz map[string]any
+			if err := json.Unmarshal([]byte(body), &statusz); err != nil {
+				e.fatalf(t, "GET %s%s: %v: %s", addr, p, err, body)
+			}
+			pages[p] = fmt.Sprintf("%s %v paths=%v emulationVersion=%v", code, slices.Sorted(maps.Keys(statusz)), statusz["paths"], statusz["emulationVersion"])
 		case p == "/metrics/slis":
 			line := ""
 			for l := range strings.Lines(body) {
