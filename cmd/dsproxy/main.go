@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
+	"k8s.io/component-base/logs"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/app"
@@ -18,8 +19,19 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/kubeclient"
 )
 
+// loggingApplied is set once the configured log format is in place.
+var loggingApplied bool
+
 func main() {
+	// As kube-proxy: what libraries write with the standard log package goes
+	// through klog, in the configured format once it is applied.
+	logs.InitLogs()
 	err := run(os.Args[1:])
+	if err != nil && loggingApplied && !errors.Is(err, pflag.ErrHelp) {
+		// Once the log format is applied, the reason to exit is a log entry in
+		// it, with kube-proxy's message; before, it is printed as is.
+		klog.ErrorS(err, "command failed")
+	}
 	// Buffered log output (--log-*-info-buffer-size) is written before exit.
 	klog.Flush()
 	if err != nil {
@@ -27,7 +39,9 @@ func main() {
 			fmt.Fprintf(os.Stdout, "Usage of dsproxy (kube-proxy compatible flags):\n%s", config.FlagUsages())
 			os.Exit(0)
 		}
-		fmt.Fprintln(os.Stderr, "dsproxy:", err)
+		if !loggingApplied {
+			fmt.Fprintln(os.Stderr, "dsproxy:", err)
+		}
 		os.Exit(1)
 	}
 }
@@ -46,6 +60,7 @@ func run(args []string) error {
 	if err := app.ApplyLogging(cfg); err != nil {
 		return fmt.Errorf("logging configuration: %w", err)
 	}
+	loggingApplied = true
 	for _, w := range cfg.Warnings {
 		klog.InfoS("Configuration warning", "warning", w)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,14 +27,21 @@ func TestMain(m *testing.M) {
 // runMain runs dsproxy with args and returns its stdout and stderr.
 func runMain(t *testing.T, args ...string) (stdout, stderr string) {
 	t.Helper()
+	stdout, stderr, err := runMainStatus(args...)
+	if err != nil {
+		t.Fatalf("dsproxy %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, stdout, stderr)
+	}
+	return stdout, stderr
+}
+
+// runMainStatus runs dsproxy with args and returns its output and exit status.
+func runMainStatus(args ...string) (stdout, stderr string, err error) {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\n"))
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("dsproxy %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, out.String(), errOut.String())
-	}
-	return out.String(), errOut.String()
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
 }
 
 // jsonMessages parses every line of s as a JSON log entry and returns their
@@ -46,10 +54,10 @@ func jsonMessages(t *testing.T, s string) []string {
 			continue
 		}
 		var e struct {
-			Msg string `json:"msg"`
-			V   *int   `json:"v"`
+			TS  *float64 `json:"ts"`
+			Msg string   `json:"msg"`
 		}
-		if err := json.Unmarshal([]byte(line), &e); err != nil || e.Msg == "" || e.V == nil {
+		if err := json.Unmarshal([]byte(line), &e); err != nil || e.Msg == "" || e.TS == nil {
 			t.Fatalf("not a JSON log entry: %q (%v)", line, err)
 		}
 		msgs = append(msgs, e.Msg)
@@ -135,6 +143,47 @@ func TestBufferedLogsFlushed(t *testing.T) {
 			if !sameMessages(got, wantMessages) {
 				t.Errorf("stdout has %q, want %q; stdout:\n%s", got, wantMessages, stdout)
 			}
+		})
+	}
+}
+
+// TestExitReason: once the log format is applied, the reason dsproxy exits is
+// a log entry in that format (kube-proxy's "command failed" with the error);
+// before, as for a configuration that does not validate, it is printed as is.
+// The runs fail before they touch the kernel (no kubeconfig; bad values).
+func TestExitReason(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no-kubeconfig")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want func(t *testing.T, stderr string)
+	}{
+		{"json", []string{"--logging-format=json", "--kubeconfig=" + missing}, func(t *testing.T, stderr string) {
+			msgs := jsonMessages(t, stderr)
+			if len(msgs) == 0 || msgs[len(msgs)-1] != "command failed" || !strings.Contains(stderr, `"err":"API client configuration: `) {
+				t.Errorf("stderr %q: want a last JSON entry \"command failed\" with the error", stderr)
+			}
+		}},
+		{"text", []string{"--kubeconfig=" + missing}, func(t *testing.T, stderr string) {
+			lines := strings.Split(strings.TrimSpace(stderr), "\n")
+			last := lines[len(lines)-1]
+			if !strings.HasPrefix(last, "E") || !strings.Contains(last, `"command failed" err="API client configuration: `) {
+				t.Errorf("last line %q: want a klog error \"command failed\" with the error", last)
+			}
+		}},
+		{"before logging", []string{"--logging-format=json", "--oom-score-adj=5000"}, func(t *testing.T, stderr string) {
+			if !strings.HasPrefix(stderr, "dsproxy: invalid configuration:\n") || !strings.Contains(stderr, "oomScoreAdj") {
+				t.Errorf("stderr %q: want the validation error as is", stderr)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stderr, err := runMainStatus(tc.args...)
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("exit %v, want status 1; stderr:\n%s", err, stderr)
+			}
+			tc.want(t, stderr)
 		})
 	}
 }
