@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -61,6 +63,11 @@ func run(args []string) error {
 		return fmt.Errorf("logging configuration: %w", err)
 	}
 	loggingApplied = true
+	if v := klog.V(1); v.Enabled() { // as kube-proxy's cliflag.PrintFlags
+		for _, name := range slices.Sorted(maps.Keys(cfg.Flags)) {
+			v.Infof("FLAG: --%s=%q", name, cfg.Flags[name])
+		}
+	}
 	for _, w := range cfg.Warnings {
 		klog.InfoS("Configuration warning", "warning", w)
 	}

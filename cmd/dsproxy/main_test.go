@@ -187,3 +187,18 @@ func TestExitReason(t *testing.T) {
 		})
 	}
 }
+
+// TestFlagLines: with -v 1 or more, every flag is logged with its value, as
+// kube-proxy's "FLAG: --name=value" lines; below, none.
+func TestFlagLines(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "written.yaml")
+	_, stderr := runMain(t, "--v=1", "--proxy-mode=iptables", "--write-config-to="+out)
+	for _, want := range []string{`] FLAG: --proxy-mode="iptables"` + "\n", `] FLAG: --v="1"` + "\n", `] FLAG: --masquerade-all="false"` + "\n", `] FLAG: --node-ip=""` + "\n"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("no %q in the log:\n%s", want, stderr)
+		}
+	}
+	if _, stderr := runMain(t, "--proxy-mode=iptables", "--write-config-to="+out); strings.Contains(stderr, "FLAG:") {
+		t.Errorf("FLAG lines at -v 0:\n%s", stderr)
+	}
+}

@@ -241,8 +241,12 @@ func Parse(args []string) (*Config, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("no positional arguments are accepted, got %q", fs.Args())
+	// As kube-proxy's: empty arguments (a templated args list's blank item) are
+	// ignored; any other is an error.
+	for _, a := range fs.Args() {
+		if a != "" {
+			return nil, fmt.Errorf("no positional arguments are accepted, got %q", fs.Args())
+		}
 	}
 	// As kube-proxy's, --version=true or raw is answered before the
 	// configuration file is read: the caller prints and exits.

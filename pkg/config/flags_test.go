@@ -68,6 +68,9 @@ func TestFlagsOnly(t *testing.T) {
 			c.MetricsBindAddress = "0.0.0.0:10249"
 			c.Logging.Verbosity = 2
 		}},
+		{"empty arguments ignored, as kube-proxy", []string{"", "--masquerade-all", ""}, func(c *Config) {
+			c.MasqueradeAll = true
+		}},
 		{"iptables mode, nodePortAddresses not defaulted", []string{"--proxy-mode", "iptables"}, func(c *Config) {
 			c.ProxyMode, c.NodePortAddresses = ModeIPTables, nil
 		}},
@@ -152,6 +155,7 @@ func TestFlagErrors(t *testing.T) {
 		{"unknown flag", []string{"--proxy-modes=nftables"}, "unknown flag: --proxy-modes"},
 		{"unknown shorthand", []string{"-x"}, "unknown shorthand flag: 'x'"},
 		{"positional argument", []string{"nftables"}, `no positional arguments are accepted, got ["nftables"]`},
+		{"positional argument beside an empty one", []string{"", "--masquerade-all", "x"}, `no positional arguments are accepted, got ["" "x"]`},
 		{"bad bind address", []string{"--bind-address=10.0.0.300"}, `"10.0.0.300" is not a valid IP address`},
 		{"bad healthz address", []string{"--healthz-bind-address=localhost:10256"}, `"localhost" is not a valid IP address`},
 		{"bad healthz format", []string{"--healthz-bind-address=nope"}, `"nope" is not in a valid format (ip or ip:port)`},
