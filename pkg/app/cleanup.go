@@ -32,10 +32,7 @@ const KubeProxyTable = "kube-proxy"
 // as kube-proxy's own cleanup), kube-ipvs0 and its ipsets (kubeProxyIPSet).
 // Missing state is not an error.
 func Cleanup(ctx context.Context, kubeProxy bool, ipvsExclude []string) error {
-	exclude, err := parseExcludeCIDRs(ipvsExclude)
-	if err != nil {
-		return err
-	}
+	exclude := excludeCIDRs(ipvsExclude)
 	k, err := nft.NewNetlink()
 	if err != nil {
 		return fmt.Errorf("cleanup: opening netlink: %w", err)
@@ -81,17 +78,21 @@ func cleanupKubeProxy(ctx context.Context, k nft.Kernel, scope ipvsScope) error 
 	return err
 }
 
-// parseExcludeCIDRs parses --ipvs-exclude-cidrs.
-func parseExcludeCIDRs(cidrs []string) ([]netip.Prefix, error) {
+// excludeCIDRs parses --ipvs-exclude-cidrs (ipvs.excludeCIDRs). The
+// configuration is validated only in IPVS mode, as kube-proxy validates it; in
+// the other modes, where only --cleanup-kube-proxy reads it, an entry that is no
+// CIDR is logged and left out, as kube-proxy ignores the field there.
+func excludeCIDRs(cidrs []string) []netip.Prefix {
 	var out []netip.Prefix
 	for _, c := range cidrs {
 		p, err := config.ParseCIDR(c)
 		if err != nil {
-			return nil, fmt.Errorf("--ipvs-exclude-cidrs: %w", err)
+			klog.ErrorS(err, "Ignoring an --ipvs-exclude-cidrs entry that is not a CIDR", "entry", c)
+			continue
 		}
 		out = append(out, p)
 	}
-	return out, nil
+	return out
 }
 
 // cleanupIPTablesMode removes the DSPROXY- chains of f's iptables mode from the

@@ -94,10 +94,7 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 		return nil, fmt.Errorf("--nodeport-addresses: %w", err)
 	}
 	// --cleanup-kube-proxy keeps IPVS virtual servers in these.
-	kubeProxyExclude, err := parseExcludeCIDRs(cfg.IPVS.ExcludeCIDRs)
-	if err != nil {
-		return nil, err
-	}
+	kubeProxyExclude := excludeCIDRs(cfg.IPVS.ExcludeCIDRs)
 	d := &Daemon{cfg: cfg, client: client, nodeName: name, spec: spec,
 		registry: nodeport.New(klog.Background()), proxiers: map[*family.Family]*proxier.Proxier{}, metrics: metrics.New()}
 	nodeport.MustRegister(d.metrics.Registry())
@@ -203,10 +200,7 @@ func (d *Daemon) iptablesRunner(f *family.Family) (*ipt.Runner, error) {
 // newIPVSBackend returns the family's IPVS-mode backend, with IPVS's timeouts
 // set (they are the namespace's, so the second family sets them again).
 func (d *Daemon) newIPVSBackend(f *family.Family) (proxier.Backend, error) {
-	exclude, err := parseExcludeCIDRs(d.cfg.IPVS.ExcludeCIDRs)
-	if err != nil {
-		return nil, err
-	}
+	exclude := excludeCIDRs(d.cfg.IPVS.ExcludeCIDRs)
 	r, err := d.iptablesRunner(f)
 	if err != nil {
 		return nil, err

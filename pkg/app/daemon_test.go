@@ -1,8 +1,10 @@
 package app
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -100,5 +102,17 @@ func TestLocalDetectorClusterCIDR(t *testing.T) {
 		if d.Mode != proxier.LocalModeClusterCIDR || len(d.CIDRs) != 1 || d.CIDRs[0].String() != want {
 			t.Errorf("%s: detector %+v, want ClusterCIDR %s", f, d, want)
 		}
+	}
+}
+
+// Outside IPVS mode the configuration's ipvs.excludeCIDRs are not validated (as
+// in kube-proxy), so an entry that is no CIDR reaches the daemon: it is left
+// out, and the valid ones still keep kube-proxy's virtual servers in them
+// (--cleanup-kube-proxy). Before, the daemon refused to start.
+func TestExcludeCIDRs(t *testing.T) {
+	got := excludeCIDRs([]string{"10.0.0.0/8", "bogus", " fd00::/64 ", "10.0.0.1"})
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/64")}
+	if !slices.Equal(got, want) {
+		t.Errorf("excludeCIDRs = %v, want %v", got, want)
 	}
 }
