@@ -29,15 +29,18 @@ const (
 // LoadFile reads a KubeProxyConfiguration file (YAML or JSON) and resolves it
 // like Decode. Errors name the file.
 func LoadFile(path string) (*Config, error) {
-	return loadFile(path, false)
+	return loadFile(path, false, false)
 }
 
-func loadFile(path string, lenient bool) (*Config, error) {
+// loadFile is LoadFile; with lenient, unknown and duplicate fields are warnings;
+// with hostnameSet, a blank hostnameOverride is no error (--hostname-override
+// replaces it, as in kube-proxy, which checks the name it ends with).
+func loadFile(path string, lenient, hostnameSet bool) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config file %q: %w", path, err)
 	}
-	c, err := decode(data, lenient)
+	c, err := decode(data, lenient, hostnameSet)
 	if err != nil {
 		return nil, fmt.Errorf("config file %q: %w", path, err)
 	}
@@ -52,17 +55,17 @@ func loadFile(path string, lenient bool) (*Config, error) {
 // type mismatches are errors naming the offending field. The result is not
 // validated; call Validate.
 func Decode(data []byte) (*Config, error) {
-	return decode(data, false)
+	return decode(data, false, false)
 }
 
-func decode(data []byte, lenient bool) (*Config, error) {
+func decode(data []byte, lenient, hostnameSet bool) (*Config, error) {
 	obj, warnings, err := decodeVersioned(data, lenient)
 	if err != nil {
 		return nil, err
 	}
 	c := fromVersioned(obj)
 	c.Warnings = append(warnings, fileWarnings(obj)...)
-	if c.HostnameOverride == "" && obj.HostnameOverride != "" {
+	if c.HostnameOverride == "" && obj.HostnameOverride != "" && !hostnameSet {
 		return nil, errors.New(`hostnameOverride: must not be blank`)
 	}
 	c.applyPlatformDefaults()

@@ -292,14 +292,14 @@ func TestLoadFileErrorsNameFile(t *testing.T) {
 }
 
 func TestLenientDecoding(t *testing.T) {
-	c, err := decode([]byte(header+"mode: iptables\nfoo: 1\nportRange: \"\"\nportRange: \"\"\n"), true)
+	c, err := decode([]byte(header+"mode: iptables\nfoo: 1\nportRange: \"\"\nportRange: \"\"\n"), true, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.ProxyMode != ModeIPTables || len(c.Warnings) != 2 {
 		t.Errorf("mode %q warnings %q", c.ProxyMode, c.Warnings)
 	}
-	if _, err := decode([]byte(header+"mode: [\n"), true); err == nil {
+	if _, err := decode([]byte(header+"mode: [\n"), true, false); err == nil {
 		t.Error("lenient decoding accepted malformed YAML")
 	}
 }

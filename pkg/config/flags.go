@@ -160,7 +160,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) (*Config, error) {
 	var c *Config
 	if o.configFile != "" {
 		var err error
-		if c, err = loadFile(o.configFile, o.LenientDecoding); err != nil {
+		if c, err = loadFile(o.configFile, o.LenientDecoding, o.hostnameOverride != ""); err != nil {
 			return nil, err
 		}
 		if err := copyLogsFromFlags(fs, &o.logging, &c.Logging); err != nil {

@@ -181,6 +181,25 @@ func TestFlagErrors(t *testing.T) {
 	}
 }
 
+// A blank hostnameOverride in the file is an error unless --hostname-override
+// replaces it: kube-proxy checks only the name it ends with.
+func TestBlankFileHostnameOverride(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(path, []byte(header+"hostnameOverride: \"  \"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Parse([]string{"--config=" + path}); err == nil || !strings.Contains(err.Error(), "hostnameOverride: must not be blank") {
+		t.Errorf("blank hostnameOverride alone: err = %v, want it refused", err)
+	}
+	c, err := Parse([]string{"--config=" + path, "--hostname-override=Node1"})
+	if err != nil {
+		t.Fatalf("blank hostnameOverride with --hostname-override: %v", err)
+	}
+	if c.HostnameOverride != "node1" {
+		t.Errorf("HostnameOverride = %q, want node1 (the flag's)", c.HostnameOverride)
+	}
+}
+
 // TestFlagsWithConfig checks kube-proxy v1.36's precedence: with --config,
 // file-mapped flags are ignored; --hostname-override, explicitly set logging
 // flags and flags without a file equivalent still apply.

@@ -29,7 +29,7 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, lenient := range []bool{false, true} {
-			c, err := decode(data, lenient)
+			c, err := decode(data, lenient, false)
 			if err != nil {
 				if c != nil {
 					t.Fatalf("error %v with non-nil config", err)
