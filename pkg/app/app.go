@@ -137,8 +137,9 @@ func familyNodeIP(f *family.Family, ips nodeip.IPs, nodeIPs map[*family.Family]n
 }
 
 // waitForNode fetches the proxy's Node, retrying for up to timeout (the kubelet may
-// not have registered it yet). A missing Node is not fatal: node IPs then come from
-// local interfaces.
+// not have registered it yet). A missing Node is not fatal, as in kube-proxy: the
+// node IPs are then loopback (or, with --node-ip, from local interfaces) until it
+// appears.
 func waitForNode(ctx context.Context, client *kubeclient.Client, name string, timeout time.Duration) *v1.Node {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -147,7 +148,7 @@ func waitForNode(ctx context.Context, client *kubeclient.Client, name string, ti
 			return node
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			klog.InfoS("Node object not found; taking node IPs from local interfaces", "node", name, "err", err)
+			klog.ErrorS(err, "Timed out waiting for node to exist", "node", name)
 			return nil
 		}
 		time.Sleep(time.Second)

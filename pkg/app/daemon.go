@@ -115,8 +115,12 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 		}
 	}
 	d.health.SetNode(node)
-	ips, err := nodeip.NodeIPs(node, spec, nodeip.Options{Mode: nodeip.NoCloud, Interfaces: nodeip.HostInterfaces{}})
-	if err != nil {
+	ips, err := nodeip.NodeIPs(node, spec, nodeIPOptions(spec))
+	switch {
+	case errors.Is(err, nodeip.ErrNoAddresses) && spec.IsZero():
+		// kube-proxy's words; each family then has the loopback node IP.
+		klog.InfoS("Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag", "node", name, "reason", err.Error())
+	case err != nil:
 		return nil, fmt.Errorf("node IPs of %s: %w", name, err)
 	}
 	nodeIPs := familyNodeIPs(ips, bindNodeIP(cfg))
@@ -464,12 +468,29 @@ func metricsMux(m *metrics.Metrics, cfg *config.Config) http.Handler {
 	return mux
 }
 
+// nodeIPOptions: the node IPs come from the Node's addresses. Without any, as
+// kube-proxy, there are none (each family's node IP is then loopback, and
+// "primary" NodePort addresses are every local address) unless --node-ip asks
+// for some: those are then looked for among the local interfaces' addresses,
+// as the kubelet does.
+func nodeIPOptions(spec nodeip.Spec) nodeip.Options {
+	o := nodeip.Options{Mode: nodeip.NoCloud}
+	if !spec.IsZero() {
+		o.Interfaces = nodeip.HostInterfaces{}
+	}
+	return o
+}
+
 // followNodeIPs recomputes the node IPs from a changed Node, so NodePorts on the
 // primary address follow it without a restart. A Node whose addresses no longer
 // yield an IP of a running family keeps the last good one.
 func (h *handler) followNodeIPs(n *v1.Node) {
-	ips, err := nodeip.NodeIPs(n, h.d.spec, nodeip.Options{Mode: nodeip.NoCloud, Interfaces: nodeip.HostInterfaces{}})
-	if err != nil {
+	ips, err := nodeip.NodeIPs(n, h.d.spec, nodeIPOptions(h.d.spec))
+	switch {
+	case errors.Is(err, nodeip.ErrNoAddresses):
+		klog.V(2).InfoS("Node lists no addresses; keeping previous node IPs", "node", n.Name)
+		return
+	case err != nil:
 		klog.ErrorS(err, "Keeping previous node IPs", "node", n.Name)
 		return
 	}

@@ -35,6 +35,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/dsproxy/dsproxy/test/e2e/framework"
@@ -54,6 +55,7 @@ func TestProxy(t *testing.T) {
 		"r1", "r2", "r3", // DsproxyRestart
 		"m1", "m2", "m3", // ModeSwitch
 		"w1",                         // ConfigFileUpdated
+		"n1",                         // NodeWithoutAddresses
 		"t1", "t2", "t3", "t4", "t5", // KubeProxyTakeover
 		"q1", "q2", "q3", "q4", // KubeProxyParity
 		"k1", "k2", // APIServerRestart
@@ -67,6 +69,7 @@ func TestProxy(t *testing.T) {
 	t.Run("BindAddressHardFail", func(t *testing.T) { testBindAddressHardFail(t, e) })
 	t.Run("ModeSwitch", func(t *testing.T) { testModeSwitch(t, e) })
 	t.Run("ConfigFileUpdated", func(t *testing.T) { testConfigFileUpdated(t, e) })
+	t.Run("NodeWithoutAddresses", func(t *testing.T) { testNodeWithoutAddresses(t, e) })
 	t.Run("KubeProxyTakeover", func(t *testing.T) { testKubeProxyTakeover(t, e) })
 	t.Run("KubeProxyParity", func(t *testing.T) { testKubeProxyParity(t, e) })
 	// Before APIServerRestart: a restarted kube-apiserver briefly answers
@@ -730,6 +733,101 @@ func testConfigFileUpdated(t *testing.T, e *env) {
 	e.args = nil
 	e.mu.Unlock()
 	p := e.startDsproxy(t)
+	if err := p.waitLog(30*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`); err != nil {
+		e.fatalf(t, "dsproxy restarted: %v", err)
+	}
+	e.checkAlive(t)
+}
+
+// testNodeWithoutAddresses: the proxy's Node lists no addresses (a cloud node
+// before its cloud controller sets them; the same as a Node that never
+// appears, but without the 30 s wait for it). kube-proxy then takes loopback as
+// each family's node IP, so its "primary" NodePort addresses (the nftables
+// default) are every local address; dsproxy must serve the NodePort on every
+// address of the node too (it took the node IPs from an interface before, and
+// served NodePorts on that address alone). Once the Node lists its addresses,
+// dsproxy narrows NodePorts to the primary ones (kube-proxy keeps what it
+// started with until restarted).
+func testNodeWithoutAddresses(t *testing.T, e *env) {
+	sel := map[string]string{"app": "noaddr"}
+	e.addPods(t, sel, true, "n1")
+	svc := e.createService(t, service("noaddr", corev1.ServiceTypeNodePort, nil, sel, tcpHTTP))
+	np := nodePort(svc, "tcp")
+	out, err := netns.Exec(e.c.Node, "ip", "-o", "addr", "show", "scope", "global")
+	if err != nil {
+		e.fatalf(t, "node addresses: %v: %s", err, out)
+	}
+	var primary, others []netip.AddrPort
+	seen := map[netip.Addr]bool{}
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] != "inet" && f[i] != "inet6" {
+				continue
+			}
+			p, err := netip.ParsePrefix(f[i+1])
+			if err != nil || seen[p.Addr()] { // the node IPs are on every pod's link
+				continue
+			}
+			seen[p.Addr()] = true
+			dst := netip.AddrPortFrom(p.Addr(), np)
+			if p.Addr() == nodeIP(familyOf(p.Addr())) {
+				primary = append(primary, dst)
+			} else {
+				others = append(others, dst)
+			}
+		}
+	}
+	if len(primary) != 2 || len(others) < 2 {
+		e.fatalf(t, "node addresses: want both node IPs and others; got %v and %v from\n%s", primary, others, out)
+	}
+
+	node := e.node + "-noaddr"
+	if _, err := e.cp.Client.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = e.cp.Client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{})
+	})
+	if err := e.cur().stop(); err != nil {
+		e.fatalf(t, "stopping dsproxy: %v", err)
+	}
+	e.mu.Lock()
+	e.args = []string{"--hostname-override", node}
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.args = nil
+		e.mu.Unlock()
+	}()
+	p := e.startDsproxy(t)
+	if err := p.waitLog(30*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`, "Can't determine this node's IP, assuming loopback"); err != nil {
+		e.fatalf(t, "dsproxy on a Node without addresses: %v", err)
+	}
+	all := append(slices.Clone(primary), others...)
+	if _, err := waitBackends(e.external, all, []string{"n1"}, converge); err != nil {
+		e.errorf(t, "NodePort on every node address, the Node listing none: %v", err)
+	}
+
+	patch := fmt.Sprintf(`{"status":{"addresses":[{"type":"InternalIP","address":%q},{"type":"InternalIP","address":%q}]}}`,
+		netns.NodeIPv4, netns.NodeIPv6)
+	if _, err := e.cp.Client.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waitBackends(e.external, others, nil, converge); err != nil {
+		e.errorf(t, "NodePort on addresses other than the node IPs, once the Node lists them: %v", err)
+	}
+	if _, err := waitBackends(e.external, primary, []string{"n1"}, converge); err != nil {
+		e.errorf(t, "NodePort on the node IPs, once the Node lists them: %v", err)
+	}
+
+	e.mu.Lock()
+	e.args = nil
+	e.mu.Unlock()
+	if err := p.stop(); err != nil {
+		e.errorf(t, "dsproxy on SIGTERM: %v", err)
+	}
+	p = e.startDsproxy(t)
 	if err := p.waitLog(30*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`); err != nil {
 		e.fatalf(t, "dsproxy restarted: %v", err)
 	}
