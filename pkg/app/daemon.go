@@ -118,8 +118,11 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 	ips, err := nodeip.NodeIPs(node, spec, nodeIPOptions(spec))
 	switch {
 	case errors.Is(err, nodeip.ErrNoAddresses) && spec.IsZero():
-		// kube-proxy's words; each family then has the loopback node IP.
-		klog.InfoS("Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag", "node", name, "reason", err.Error())
+		// Each family then has the loopback node IP, but a --bind-address's. In
+		// kube-proxy's words, unless --bind-address gave the primary one:
+		if !bindNodeIP(cfg).IsValid() {
+			klog.InfoS("Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag", "node", name, "reason", err.Error())
+		}
 	case err != nil:
 		return nil, fmt.Errorf("node IPs of %s: %w", name, err)
 	}
