@@ -232,14 +232,26 @@ func (p *Proxier) onSlice(o *endpointslice.Object, deleted bool) {
 		// kube-proxy counts every event its tracker receives, changed or not.
 		obs.AddEndpointChanges(1)
 	}
+	// The trigger time is recorded with the change, under p.mu: a sync takes the
+	// change from the tracker before it takes the trigger times (observeProgramming),
+	// so it finds the time of every change it programs. Recorded after the change
+	// was let go of, a sync in between took the change without its time, which then
+	// waited for the Service's next change and was observed with that one's delay.
 	changed := false
+	p.mu.Lock()
 	if deleted {
 		changed = p.slices.Delete(o)
 	} else {
 		changed = p.slices.Update(o)
 	}
+	if testHookSliceChanged != nil {
+		testHookSliceChanged()
+	}
 	if changed {
-		p.recordTrigger(o, deleted)
+		p.recordTriggerLocked(o, deleted)
+	}
+	p.mu.Unlock()
+	if changed {
 		if observed {
 			obs.SetEndpointChangesPending(p.cfg.Family, p.slices.Pending())
 			obs.SyncQueued(p.cfg.Family)
@@ -253,17 +265,19 @@ func (p *Proxier) onSlice(o *endpointslice.Object, deleted bool) {
 // kept.
 const maxTriggers = 256
 
-// recordTrigger remembers when the controller saw the change behind o, for
+// testHookSliceChanged, when set by a test, runs between a slice change and the
+// recording of its trigger time.
+var testHookSliceChanged func()
+
+// recordTriggerLocked remembers when the controller saw the change behind o, for
 // kubeproxy_network_programming_duration_seconds. As in kube-proxy, a deleted
 // slice's annotation is its last update's, not the deletion's, so a deletion
-// records nothing and forgets the Service's pending times.
-func (p *Proxier) recordTrigger(o *endpointslice.Object, deleted bool) {
+// records nothing and forgets the Service's pending times. p.mu is held.
+func (p *Proxier) recordTriggerLocked(o *endpointslice.Object, deleted bool) {
 	if o == nil || o.Slice == nil {
 		return
 	}
 	nn := o.Slice.Service
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	if deleted {
 		delete(p.triggers, nn)
 		return
@@ -400,21 +414,27 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 		full, req.Full = true, true
 	}
 	res, err := p.cfg.Backend.Sync(ctx, req)
-	if p.cfg.Observer != nil {
-		p.cfg.Observer.SyncDone(p.cfg.Family, full, time.Since(start), res, err)
-	}
 	if err != nil {
+		if p.cfg.Observer != nil {
+			p.cfg.Observer.SyncDone(p.cfg.Family, full, time.Since(start), res, err)
+		}
 		p.keepUnflushed(req.Changed)
 		return fmt.Errorf("%s sync (full=%v, %d changed service ports): %w", p.cfg.Family, full, len(req.Changed), err)
 	}
 	p.lastNode = nodeCfg
 	p.lastNodeZone = nodeInfo.Zone
-	p.clearStaleFlows(req.Changed)
+	// As kube-proxy: the changes are programmed once the rules are in the
+	// kernel, before stale flows go; the sync's duration covers it all, the
+	// flows and the health check servers' update included.
 	p.observeProgramming(changed)
+	p.clearStaleFlows(req.Changed)
 	if p.cfg.LocalStateChanged != nil && (full || req.NodeChanged || p.localChanged(req.Changed)) {
 		p.cfg.LocalStateChanged(p.cfg.Family, p.state, nodeCfg)
 	} else if p.cfg.LocalStateUnchanged != nil {
 		p.cfg.LocalStateUnchanged(p.cfg.Family)
+	}
+	if p.cfg.Observer != nil {
+		p.cfg.Observer.SyncDone(p.cfg.Family, full, time.Since(start), res, nil)
 	}
 	klog.V(2).InfoS("Synced", "ipFamily", p.cfg.Family.Name, "full", full, "changedPorts", len(req.Changed),
 		"operations", res.Operations, "repairs", res.Repairs, "elapsed", time.Since(start))

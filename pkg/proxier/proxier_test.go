@@ -514,3 +514,82 @@ func TestNodeAddressChangesRestricted(t *testing.T) {
 		t.Errorf("an address outside the NodePort addresses came: node changed %v, LocalAddrs %v", r.NodeChanged, r.Node.LocalAddrs)
 	}
 }
+
+// A sync that runs while a slice change is being recorded still observes the
+// change's trigger time: the change and its time are recorded under one lock,
+// which the sync needs before it takes the changes. Before, the time was
+// recorded after the change was let go of: a sync in between took the change
+// without it, and the time waited for the Service's next change, then was
+// observed with that change's delay.
+func TestTriggerTimeOfAChangeTakenMidway(t *testing.T) {
+	f := family.IPv4
+	p, _ := newTestProxier(t, f, nil)
+	obs := &programmingObserver{}
+	p.cfg.Observer = obs
+	ctx := context.Background()
+	p.OnServiceAdd(service(f, "web", f))
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	es := endpointSlice(f, "web", 1)
+	trigger := time.Date(2026, 11, 29, 1, 2, 3, 0, time.UTC)
+	es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
+	synced := make(chan error, 1)
+	t.Cleanup(func() { testHookSliceChanged = nil })
+	testHookSliceChanged = func() {
+		testHookSliceChanged = nil
+		go func() { synced <- p.Sync(ctx, false) }()
+		time.Sleep(100 * time.Millisecond) // the sync runs now, as far as it can
+	}
+	p.OnEndpointSliceAdd(ingest(es))
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if len(obs.got) != 1 || !obs.got[0].Equal(trigger) {
+		t.Fatalf("the sync that programmed the change observed %v, want [%v]", obs.got, trigger)
+	}
+}
+
+// orderObserver records the order of a sync's observations and its duration.
+type orderObserver struct {
+	events    []string
+	durations []time.Duration
+}
+
+func (o *orderObserver) SyncDone(_ *family.Family, _ bool, d time.Duration, _ SyncResult, err error) {
+	if err == nil {
+		o.events = append(o.events, "sync")
+		o.durations = append(o.durations, d)
+	}
+}
+func (o *orderObserver) ObserveProgramming(*family.Family, time.Time) {
+	o.events = append(o.events, "programmed")
+}
+
+// As kube-proxy's: a change is programmed once the rules are in the kernel, and
+// the sync's duration covers what follows them too (stale flows, the health
+// check servers' update): before, it ended with the rules, and the programming
+// latency included the conntrack cleanup.
+func TestSyncObservationsOrder(t *testing.T) {
+	f := family.IPv4
+	p, _ := newTestProxier(t, f, nil)
+	obs := &orderObserver{}
+	p.cfg.Observer = obs
+	p.cfg.LocalStateChanged = func(*family.Family, *model.State, *NodeConfig) {
+		obs.events = append(obs.events, "local state")
+		time.Sleep(30 * time.Millisecond)
+	}
+	p.OnServiceAdd(service(f, "web", f))
+	es := endpointSlice(f, "web", 1)
+	es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: time.Now().Format(time.RFC3339Nano)}
+	p.OnEndpointSliceAdd(ingest(es))
+	if err := p.Sync(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"programmed", "local state", "sync"}; !slices.Equal(obs.events, want) {
+		t.Errorf("observations %v, want %v", obs.events, want)
+	}
+	if len(obs.durations) != 1 || obs.durations[0] < 30*time.Millisecond {
+		t.Errorf("sync durations %v: want one covering the 30 ms after the rules", obs.durations)
+	}
+}
