@@ -282,21 +282,23 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 		addrs = ipvs.HostAddrs{} // the Service addresses on dsproxy-ipvs0 are no NodePort addresses
 	}
 	return proxier.New(proxier.Config{
-		Family:        f,
-		NodeName:      d.nodeName,
-		Backend:       b,
-		NodePorts:     d.registry,
-		NodePortSpec:  np,
-		Addrs:         addrs,
-		LocalAddrs:    d.cfg.ProxyMode == config.ModeIPVS,
-		NodeIP:        ip,
-		Local:         localDetector(d.cfg, f, node),
-		MasqueradeAll: d.cfg.MasqueradeAll,
-		Runner:        runnerOptions(d.cfg),
-		HealthTimeout: healthTimeout(d.cfg),
-		Observer:      d.metrics,
-		Conntrack:     conntrack.New(),
-		NoExternalIPs: !gateEnabled(d.cfg, "AllowServiceExternalIPs", true),
+		Family:       f,
+		NodeName:     d.nodeName,
+		Backend:      b,
+		NodePorts:    d.registry,
+		NodePortSpec: np,
+		Addrs:        addrs,
+		LocalAddrs:   d.cfg.ProxyMode == config.ModeIPVS,
+		// kube-proxy's IPVS mode syncs every syncPeriod, the others on changes.
+		ObserveIdleSyncs: d.cfg.ProxyMode == config.ModeIPVS,
+		NodeIP:           ip,
+		Local:            localDetector(d.cfg, f, node),
+		MasqueradeAll:    d.cfg.MasqueradeAll,
+		Runner:           runnerOptions(d.cfg),
+		HealthTimeout:    healthTimeout(d.cfg),
+		Observer:         d.metrics,
+		Conntrack:        conntrack.New(),
+		NoExternalIPs:    !gateEnabled(d.cfg, "AllowServiceExternalIPs", true),
 		// Called after every successful full sync, the first one included.
 		LocalStateChanged: func(f *family.Family, st *model.State, node *proxier.NodeConfig) {
 			d.local.update(f, st, node.NodePortAddresses)

@@ -38,6 +38,10 @@ type Config struct {
 	// off: with --nodeport-addresses restricting NodePorts, an unrelated address
 	// (a VPN's, an IPv6 temporary one) would redo every rule.
 	LocalAddrs bool
+	// ObserveIdleSyncs tells the Observer of the periodic check with nothing
+	// queued too, as a sync: kube-proxy's IPVS mode syncs every syncPeriod, so
+	// its sync metrics (duration, last timestamp) move on an idle node.
+	ObserveIdleSyncs bool
 	// NodeIP is the node's IP of this family as the address-selection package chose
 	// it; SetNodeIP updates it.
 	NodeIP        netip.Addr
@@ -397,11 +401,11 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	if !req.Full && !req.NodeChanged && len(req.Changed) == 0 {
 		d, ok := p.cfg.Backend.(FlushDetector)
 		if !ok || !d.Flushed(ctx) {
-			if len(changed) > 0 && p.cfg.Observer != nil {
+			if (len(changed) > 0 || p.cfg.ObserveIdleSyncs) && p.cfg.Observer != nil {
 				// Queued changes that program nothing (the slices of a deleted
 				// Service going) still end in a sync, as in kube-proxy: its
 				// timestamp must pass the queued one. The periodic check, with
-				// nothing queued, is no sync.
+				// nothing queued, is no sync but in the IPVS mode's metrics.
 				p.cfg.Observer.SyncDone(p.cfg.Family, false, time.Since(start), SyncResult{}, nil)
 			}
 			p.observeProgramming(changed)

@@ -281,6 +281,15 @@ func TestNoOpSyncIsObserved(t *testing.T) {
 	if obs.syncs != before+1 {
 		t.Fatalf("a sync with nothing queued was observed")
 	}
+	// In the IPVS mode's metrics it is one, as kube-proxy's IPVS mode syncs
+	// every syncPeriod.
+	p.cfg.ObserveIdleSyncs = true
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if obs.syncs != before+2 {
+		t.Fatalf("IPVS mode: the periodic check with nothing queued was not observed as a sync")
+	}
 }
 
 // The daemon's metrics implement ChangeObserver; this checks the proxier feeds it.
