@@ -271,7 +271,7 @@ func TestParseRejects(t *testing.T) {
 			{"too many endpoints", func(es *discovery.EndpointSlice) {
 				es.Endpoints = make([]discovery.Endpoint, MaxEndpointsPerSlice+1)
 			}, "more than 1000 endpoints"},
-			{"too many ports", func(es *discovery.EndpointSlice) { es.Ports = make([]discovery.EndpointPort, MaxPortsPerSlice+1) }, "more than 100 ports"},
+			{"too many ports", func(es *discovery.EndpointSlice) { es.Ports = make([]discovery.EndpointPort, MaxPortsPerSlice+1) }, "more than 20000 ports"},
 			{"headless", func(es *discovery.EndpointSlice) { es.Labels[model.LabelHeadless] = "" }, "headless"},
 		}
 		for _, tc := range cases {
@@ -287,6 +287,26 @@ func TestParseRejects(t *testing.T) {
 	}
 	if _, _, err := Parse(family.IPv4, nil, ""); err == nil {
 		t.Fatal("nil slice accepted")
+	}
+}
+
+// A Service of more than 100 ports (an RTP or passive-FTP range) has slices of
+// that many ports: the API server allows 20000, and kube-proxy serves them. They
+// were rejected whole before, and every port of such a Service refused.
+func TestParseManyPorts(t *testing.T) {
+	for _, f := range family.All {
+		es := slice(f, "a", 80, 1, 2)
+		es.Ports = nil
+		for i := range 1000 {
+			es.Ports = append(es.Ports, discovery.EndpointPort{Name: ptr.To(fmt.Sprintf("p%d", i)), Port: ptr.To(int32(10000 + i)), Protocol: ptr.To(v1.ProtocolUDP)})
+		}
+		s, skips, err := Parse(f, es, "")
+		if err != nil || len(skips) != 0 {
+			t.Fatalf("%s: a slice of 1000 ports: %v %v", f, err, skips)
+		}
+		if len(s.Ports) != 1000 || len(s.Endpoints) != 2 {
+			t.Fatalf("%s: %d ports, %d endpoints; want 1000 and 2", f, len(s.Ports), len(s.Endpoints))
+		}
 	}
 }
 

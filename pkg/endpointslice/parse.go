@@ -16,11 +16,15 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/model"
 )
 
-// Limits the API server enforces on an EndpointSlice. A slice beyond them cannot have
-// come from a healthy API server, so it is rejected whole rather than trusted.
+// Limits the API server enforces on an EndpointSlice (v1.36's discovery
+// validation: 1000 endpoints, 20000 ports; the API type's comment saying 100
+// ports is out of date, and the controller writes one slice port per Service
+// port, so a Service of more than 100 ports has slices of that many). A slice
+// beyond them cannot have come from a healthy API server, so it is rejected whole
+// rather than trusted.
 const (
 	MaxEndpointsPerSlice = 1000
-	MaxPortsPerSlice     = 100
+	MaxPortsPerSlice     = 20000
 )
 
 // Slice is the part of an EndpointSlice a proxy uses, validated for one family.
@@ -88,7 +92,7 @@ func checkSlice(f *family.Family, es *discovery.EndpointSlice, obj string) *mode
 	case len(es.Endpoints) > MaxEndpointsPerSlice:
 		return &model.SkipError{Object: obj, Field: "endpoints", Reason: "more than 1000 endpoints"}
 	case len(es.Ports) > MaxPortsPerSlice:
-		return &model.SkipError{Object: obj, Field: "ports", Reason: "more than 100 ports"}
+		return &model.SkipError{Object: obj, Field: "ports", Reason: "more than 20000 ports"}
 	}
 	if _, ok := es.Labels[model.LabelServiceProxyName]; ok {
 		return &model.SkipError{Object: obj, Field: "metadata.labels", Reason: "belongs to proxy " + es.Labels[model.LabelServiceProxyName]}
