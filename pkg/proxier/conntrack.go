@@ -17,6 +17,12 @@ import (
 // that are gone, and flows that were rejected while the port had no endpoints.
 // Connection-oriented TCP needs none of this: its conntrack entries die with the
 // connections. old or cur is nil for a port that is new or deleted.
+//
+// A port left with no serving endpoint keeps its flows, as in kube-proxy v1.36
+// (its reconciler skips such Services: a change must not cut the flows it
+// could keep, as it does not cut TCP connections): a single pod whose readiness
+// probe fails a moment keeps its clients, and new flows are rejected meanwhile.
+// Once the port serves again its flows to others than its serving endpoints go.
 func staleFlows(old, cur *model.PortState) []conntrack.Filter {
 	ps := cur
 	if ps == nil {
@@ -36,7 +42,7 @@ func staleFlows(old, cur *model.PortState) []conntrack.Filter {
 	var out []conntrack.Filter
 	for _, fr := range oldFronts {
 		kept := hasAddrPort(curFronts, fr)
-		if kept && !lost && !gained {
+		if kept && (!lost && !gained || len(curServing) == 0) {
 			continue
 		}
 		keep := curServing
