@@ -384,7 +384,9 @@ func setTime(g prometheus.Gauge, t time.Time) {
 // (see TriggerTime), to now. Call it after the sync that programmed the change
 // succeeded, once per trigger time the sync consumed. Like kube-proxy it ignores a
 // zero time and times from before the Metrics were created (changes that happened
-// before this process started).
+// before this process started). Unlike kube-proxy, which drops the times a failed
+// sync took, the proxier keeps them for the sync that programs the change, so a
+// retry's wait is in the latency.
 func (m *Metrics) ObserveProgramming(f *family.Family, triggerTime time.Time) {
 	if triggerTime.IsZero() || !triggerTime.After(m.start) {
 		return
