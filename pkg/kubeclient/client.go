@@ -164,7 +164,9 @@ func New(rc *rest.Config) (*Client, error) {
 		if gv.Group == "" {
 			gc.APIPath = "/api"
 		}
-		gc.NegotiatedSerializer = newLeanNegotiator(codecs.WithoutConversion())
+		// With client-go's ClientsAllowCBOR gate, CBOR too, as kube-proxy's
+		// generated clientset (--kube-api-content-type=application/cbor).
+		gc.NegotiatedSerializer = newLeanNegotiator(rest.CodecFactoryForGeneratedClient(scheme, codecs).WithoutConversion())
 		if c.groups[g], err = rest.RESTClientForConfigAndClient(gc, hc); err != nil {
 			return nil, fmt.Errorf("API client for %s: %w", gv, err)
 		}

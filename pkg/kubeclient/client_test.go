@@ -18,6 +18,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/cbor"
+	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
@@ -203,5 +205,48 @@ func TestCollectionsOverHTTP1(t *testing.T) {
 	}
 	if want := map[string]int{"SO_KEEPALIVE": 1, "TCP_KEEPIDLE": 15, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}; !maps.Equal(got, want) {
 		t.Errorf("keepalive of a list connection %v, want %v", got, want)
+	}
+}
+
+// allowCBOR is client-go's feature gates with ClientsAllowCBOR on.
+type allowCBOR struct{}
+
+func (allowCBOR) Enabled(key clientfeatures.Feature) bool { return key == clientfeatures.ClientsAllowCBOR }
+
+// TestCBOR: with client-go's ClientsAllowCBOR gate (KUBE_FEATURE_ClientsAllowCBOR)
+// and --kube-api-content-type=application/cbor, a server answering in CBOR is
+// understood, as by kube-proxy's generated clientset; before, every list failed
+// ("serializer for application/cbor doesn't exist") and no informer synced.
+func TestCBOR(t *testing.T) {
+	saved := clientfeatures.FeatureGates()
+	clientfeatures.ReplaceFeatureGates(allowCBOR{})
+	t.Cleanup(func() { clientfeatures.ReplaceFeatureGates(saved) })
+
+	enc := cbor.NewSerializer(scheme, scheme)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.Contains(r.Header.Get("Accept"), "application/cbor") {
+			http.Error(w, "Accept: "+r.Header.Get("Accept"), http.StatusNotAcceptable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/cbor")
+		list := &v1.ServiceList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceList"},
+			Items: []v1.Service{{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+				Spec: v1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}}}
+		if err := enc.Encode(list, w); err != nil {
+			t.Error(err)
+		}
+	}))
+	defer srv.Close()
+	c, err := New(&rest.Config{Host: srv.URL, ContentConfig: rest.ContentConfig{ContentType: "application/cbor"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := c.ListWatch(Services, nil).(cache.ListerWatcherWithContext).ListWithContext(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("listing Services in CBOR: %v", err)
+	}
+	list, ok := obj.(*v1.ServiceList)
+	if !ok || len(list.Items) != 1 || list.Items[0].Name != "web" || list.Items[0].Spec.Ports[0].Port != 80 {
+		t.Fatalf("listed %#v", obj)
 	}
 }
