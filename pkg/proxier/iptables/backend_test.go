@@ -302,7 +302,8 @@ func TestRules(t *testing.T) {
 			return ps
 		}, want: []string{`^-A DSPROXY-EXT-\S+ .*-s fd00:64::/48 -j DSPROXY-SVC-`,
 			`^-A DSPROXY-EXT-\S+ .*-m addrtype --src-type LOCAL -j DSPROXY-MARK-MASQ$`,
-			`^-A DSPROXY-EXTERNAL-SERVICES .*! -d ::1/128 -m addrtype --dst-type LOCAL -p tcp -m tcp --dport 30007 -j DROP$`,
+			// On every local address, ::1 included, as kube-proxy's.
+			`^-A DSPROXY-EXTERNAL-SERVICES .*" -m addrtype --dst-type LOCAL -p tcp -m tcp --dport 30007 -j DROP$`,
 			// A pod of another node short-circuited to itself is masqueraded.
 			`^-A DSPROXY-SEP-\S+ .*-s fd00:64::1/128 -j DSPROXY-MARK-MASQ$`,
 			`^-A DSPROXY-SEP-\S+ .*-s fd00:64::2/128 -j DSPROXY-MARK-MASQ$`,

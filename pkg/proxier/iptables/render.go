@@ -391,9 +391,11 @@ func (c *config) globalRules(s *shape, nat, filter *rules) {
 			filter.head(chainExternalServices, comment(name+none), "-d "+hostPrefix(a), svcPort, "-j", target)
 		}
 		if ps.NodePort != 0 {
-			for _, d := range c.nodePortDests() {
-				filter.head(chainExternalServices, comment(name+none), d, s.portMatch(strconv.Itoa(int(ps.NodePort))), "-j", target)
-			}
+			// As kube-proxy's iptables mode: on every local address, whatever
+			// nodePortAddresses and localhost NodePorts say, so a NodePort without
+			// (local) endpoints is refused or dropped wherever it is dialled,
+			// never handed to a process of the host.
+			filter.head(chainExternalServices, comment(name+none), "-m addrtype --dst-type LOCAL", s.portMatch(strconv.Itoa(int(ps.NodePort))), "-j", target)
 		}
 	}
 }
