@@ -211,7 +211,9 @@ func TestCollectionsOverHTTP1(t *testing.T) {
 // allowCBOR is client-go's feature gates with ClientsAllowCBOR on.
 type allowCBOR struct{}
 
-func (allowCBOR) Enabled(key clientfeatures.Feature) bool { return key == clientfeatures.ClientsAllowCBOR }
+func (allowCBOR) Enabled(key clientfeatures.Feature) bool {
+	return key == clientfeatures.ClientsAllowCBOR
+}
 
 // TestCBOR: with client-go's ClientsAllowCBOR gate (KUBE_FEATURE_ClientsAllowCBOR)
 // and --kube-api-content-type=application/cbor, a server answering in CBOR is
