@@ -132,12 +132,14 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 		klog.InfoS("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets")
 	}
 	var fps []metaproxier.FamilyProxier
+	famIPs := map[*family.Family]netip.Addr{}
 	for _, f := range family.All {
 		ip, ok, why := familyNodeIP(f, ips, nodeIPs, "/proc")
 		if !ok {
 			klog.InfoS("Not proxying this family", "ipFamily", f.Name, "reason", why)
 			continue
 		}
+		famIPs[f] = ip
 		if f.Loopback.Contains(ip) {
 			klog.InfoS("No node IP of this family; assuming loopback, as kube-proxy does (set --node-ip or --bind-address if that is wrong)",
 				"ipFamily", f.Name, "nodeIP", ip)
@@ -153,6 +155,16 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 	if len(fps) == 0 {
 		d.Close()
 		return nil, fmt.Errorf("%w (node IPs %s)", errNoFamily, ips.String())
+	}
+	primary := family.IPv4
+	if f := family.Of(ips.Primary); f != nil {
+		primary = f
+	}
+	if f := family.Of(bindNodeIP(cfg)); f != nil {
+		primary = f
+	}
+	for _, w := range badConfig(cfg, primary, famIPs, podCIDRs(node), len(fps) == 2) {
+		klog.ErrorS(errors.New(w), "Configuration may be incomplete or incorrect")
 	}
 	d.cold = newColdStart(slices.Collect(maps.Keys(d.proxiers)), func() {
 		if d.restoreGC != nil {
