@@ -29,7 +29,8 @@ const KubeProxyTable = "kube-proxy"
 // also kube-proxy's state from any of its modes: its nftables tables, its
 // iptables chains (kubeProxyChain) and the rules jumping to them, and its IPVS
 // mode's virtual servers (every one outside ipvsExclude, --ipvs-exclude-cidrs,
-// as kube-proxy's own cleanup), kube-ipvs0 and its ipsets (kubeProxyIPSet).
+// which kube-proxy's own cleanup removes too: it flushes IPVS), kube-ipvs0 and
+// its ipsets (kubeProxyIPSet).
 // Missing state is not an error.
 func Cleanup(ctx context.Context, kubeProxy bool, ipvsExclude []string) error {
 	exclude := excludeCIDRs(ipvsExclude)

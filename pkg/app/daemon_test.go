@@ -116,3 +116,29 @@ func TestExcludeCIDRs(t *testing.T) {
 		t.Errorf("excludeCIDRs = %v, want %v", got, want)
 	}
 }
+
+// --cleanup-kube-proxy uses the nft-backed and legacy iptables binaries where
+// installed by name, else the plain ones, per family, as kube-proxy's cleanup
+// does; a node with only plain names kept kube-proxy's iptables rules before.
+func TestKubeProxyIPTablesBinaries(t *testing.T) {
+	for _, tc := range []struct {
+		have, want []string
+	}{
+		{[]string{"iptables-save", "ip6tables-save"}, []string{"iptables", "ip6tables"}},
+		{[]string{"iptables-save", "iptables-nft-save", "iptables-legacy-save", "ip6tables-save", "ip6tables-nft-save"},
+			[]string{"iptables-nft", "iptables-legacy", "ip6tables-nft"}},
+		{[]string{"iptables-legacy-save"}, []string{"iptables-legacy"}},
+		{nil, nil},
+	} {
+		dir := t.TempDir()
+		for _, name := range tc.have {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Setenv("PATH", dir)
+		if got := kubeProxyIPTablesBinaries(); !slices.Equal(got, tc.want) {
+			t.Errorf("with %v: %v, want %v", tc.have, got, tc.want)
+		}
+	}
+}

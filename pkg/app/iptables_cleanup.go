@@ -44,15 +44,38 @@ func kubeProxyChain(table, chain string) bool {
 // command runs an iptables binary; tests wrap it to run inside a network namespace.
 var command = exec.CommandContext
 
+// kubeProxyIPTablesBinaries are the iptables binaries cleanupKubeProxyIPTables
+// uses, per family: the nft-backed and the legacy ones where installed by name,
+// else the plain ones (iptables before 1.8, minimal builds), which kube-proxy's
+// own cleanup uses.
+func kubeProxyIPTablesBinaries() []string {
+	var out []string
+	for _, base := range []string{"iptables", "ip6tables"} {
+		var named []string
+		for _, bin := range []string{base + "-nft", base + "-legacy"} {
+			if _, err := exec.LookPath(bin + "-save"); err == nil {
+				named = append(named, bin)
+			}
+		}
+		if len(named) == 0 {
+			if _, err := exec.LookPath(base + "-save"); err == nil {
+				named = []string{base}
+			}
+		}
+		out = append(out, named...)
+	}
+	return out
+}
+
 // cleanupKubeProxyIPTables removes kube-proxy's chains (kubeProxyChain) and the
 // rules jumping to them with every iptables flavour present on the node
-// (nft-backed and legacy, both families). A chain of kube-proxy's that another
-// program's chain jumps to stays, logged. A node without iptables binaries has
-// nothing to clean; that is logged, not an error.
+// (kubeProxyIPTablesBinaries, both families). A chain of kube-proxy's that
+// another program's chain jumps to stays, logged. A node without iptables
+// binaries has nothing to clean; that is logged, not an error.
 func cleanupKubeProxyIPTables(ctx context.Context) error {
 	var errs []error
 	found := false
-	for _, bin := range []string{"iptables-nft", "ip6tables-nft", "iptables-legacy", "ip6tables-legacy"} {
+	for _, bin := range kubeProxyIPTablesBinaries() {
 		save, err := exec.LookPath(bin + "-save")
 		if err != nil {
 			continue
