@@ -297,23 +297,54 @@ func (p *Proxier) recordTriggerLocked(o *endpointslice.Object, deleted bool) {
 	}
 }
 
-// observeProgramming reports the trigger times of the Services a successful sync
-// programmed, each one, as kube-proxy does.
-func (p *Proxier) observeProgramming(changed map[types.NamespacedName]bool) {
-	po, ok := p.cfg.Observer.(interface {
-		ObserveProgramming(f *family.Family, trigger time.Time)
-	})
-	p.mu.Lock()
-	var times []time.Time
+// takeTriggersLocked takes the trigger times of the changed Services, to be
+// observed once the sync that took the changes succeeds. p.mu is held, since the
+// slice changes were taken: a change recorded later (during the sync) keeps its
+// time for the sync that programs it, as kube-proxy takes both in one checkout.
+func (p *Proxier) takeTriggersLocked(changed map[types.NamespacedName]bool) map[types.NamespacedName][]time.Time {
+	var taken map[types.NamespacedName][]time.Time
 	for nn := range changed {
 		if ts, found := p.triggers[nn]; found {
-			times = append(times, ts...)
+			if taken == nil {
+				taken = map[types.NamespacedName][]time.Time{}
+			}
+			taken[nn] = ts
 			delete(p.triggers, nn)
 		}
 	}
-	p.mu.Unlock()
-	for _, t := range times {
-		if ok {
+	return taken
+}
+
+// returnTriggers gives a failed sync's trigger times back, for the retry.
+func (p *Proxier) returnTriggers(taken map[types.NamespacedName][]time.Time) {
+	if len(taken) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.triggers == nil {
+		p.triggers = map[types.NamespacedName][]time.Time{}
+	}
+	for nn, ts := range taken {
+		if later := p.triggers[nn]; len(ts)+len(later) <= maxTriggers {
+			p.triggers[nn] = append(ts, later...)
+		} else {
+			p.triggers[nn] = ts
+		}
+	}
+}
+
+// observeProgramming reports the trigger times a successful sync took, each
+// one, as kube-proxy does.
+func (p *Proxier) observeProgramming(taken map[types.NamespacedName][]time.Time) {
+	po, ok := p.cfg.Observer.(interface {
+		ObserveProgramming(f *family.Family, trigger time.Time)
+	})
+	if !ok {
+		return
+	}
+	for _, ts := range taken {
+		for _, t := range ts {
 			po.ObserveProgramming(p.cfg.Family, t)
 		}
 	}
@@ -384,9 +415,14 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	// The endpoint choice depends on the node's zone: a new zone redoes everything.
 	full = full || p.lastNode == nil || p.lastNodeZone != nodeInfo.Zone
 	changed := p.services.Checkout(p.svcMap, full)
+	// The slice changes and their trigger times are taken together, under p.mu
+	// as onSlice records them.
+	p.mu.Lock()
 	for nn := range p.slices.Checkout(p.epMap, full) {
 		changed[nn] = true
 	}
+	triggers := p.takeTriggersLocked(changed)
+	p.mu.Unlock()
 	if o, ok := p.cfg.Observer.(ChangeObserver); ok {
 		o.SetServiceChangesPending(p.cfg.Family, 0)
 		o.SetEndpointChangesPending(p.cfg.Family, 0)
@@ -408,7 +444,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 				// nothing queued, is no sync but in the IPVS mode's metrics.
 				p.cfg.Observer.SyncDone(p.cfg.Family, false, time.Since(start), SyncResult{}, nil)
 			}
-			p.observeProgramming(changed)
+			p.observeProgramming(triggers)
 			if p.cfg.LocalStateUnchanged != nil {
 				p.cfg.LocalStateUnchanged(p.cfg.Family)
 			}
@@ -423,6 +459,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 			p.cfg.Observer.SyncDone(p.cfg.Family, full, time.Since(start), res, err)
 		}
 		p.keepUnflushed(req.Changed)
+		p.returnTriggers(triggers)
 		return fmt.Errorf("%s sync (full=%v, %d changed service ports): %w", p.cfg.Family, full, len(req.Changed), err)
 	}
 	p.lastNode = nodeCfg
@@ -430,7 +467,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	// As kube-proxy: the changes are programmed once the rules are in the
 	// kernel, before stale flows go; the sync's duration covers it all, the
 	// flows and the health check servers' update included.
-	p.observeProgramming(changed)
+	p.observeProgramming(triggers)
 	p.clearStaleFlows(req.Changed)
 	if p.cfg.LocalStateChanged != nil && (full || req.NodeChanged || p.localChanged(req.Changed)) {
 		p.cfg.LocalStateChanged(p.cfg.Family, p.state, nodeCfg)

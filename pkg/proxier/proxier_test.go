@@ -526,7 +526,7 @@ func TestNodeAddressChangesRestricted(t *testing.T) {
 
 // A sync that runs while a slice change is being recorded still observes the
 // change's trigger time: the change and its time are recorded under one lock,
-// which the sync needs before it takes the changes. Before, the time was
+// under which the sync takes the changes and their times. Before, the time was
 // recorded after the change was let go of: a sync in between took the change
 // without it, and the time waited for the Service's next change, then was
 // observed with that change's delay.
@@ -600,5 +600,72 @@ func TestSyncObservationsOrder(t *testing.T) {
 	}
 	if len(obs.durations) != 1 || obs.durations[0] < 30*time.Millisecond {
 		t.Errorf("sync durations %v: want one covering the 30 ms after the rules", obs.durations)
+	}
+}
+
+// duringBackend runs during once, inside its first Sync.
+type duringBackend struct {
+	recordingBackend
+	during func()
+}
+
+func (b *duringBackend) Sync(ctx context.Context, req *SyncRequest) (SyncResult, error) {
+	if b.during != nil {
+		d := b.during
+		b.during = nil
+		d()
+	}
+	return b.recordingBackend.Sync(ctx, req)
+}
+
+// A slice change recorded while a sync programs earlier ones keeps its trigger
+// time for the sync that programs it: the changes and their times are taken
+// together. Before, the running sync observed the new time too (before its
+// change was in the kernel) and the next one observed nothing.
+func TestTriggerTimeOfAChangeDuringASync(t *testing.T) {
+	f := family.IPv4
+	p, _ := newTestProxier(t, f, nil)
+	b := &duringBackend{}
+	p.cfg.Backend = b
+	obs := &programmingObserver{}
+	p.cfg.Observer = obs
+	ctx := context.Background()
+	p.OnServiceAdd(service(f, "web", f))
+	t1 := time.Date(2026, 11, 29, 1, 0, 0, 0, time.UTC)
+	t2 := t1.Add(time.Minute)
+	slice := func(pod int, at time.Time) *endpointslice.Object {
+		es := endpointSlice(f, "web", pod)
+		es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: at.Format(time.RFC3339Nano)}
+		return ingest(es)
+	}
+	p.OnEndpointSliceAdd(slice(1, t1))
+	b.during = func() { p.OnEndpointSliceUpdate(nil, slice(2, t2)) }
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if len(obs.got) != 1 || !obs.got[0].Equal(t1) {
+		t.Fatalf("the first sync observed %v, want [%v] (the change made during it is not programmed yet)", obs.got, t1)
+	}
+	if err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if len(obs.got) != 2 || !obs.got[1].Equal(t2) {
+		t.Fatalf("the second sync: observed %v, want [%v %v]", obs.got, t1, t2)
+	}
+
+	// A failed sync gives its times back for the retry.
+	obs.got = nil
+	b.fail = errors.New("boom")
+	t3 := t2.Add(time.Minute)
+	p.OnEndpointSliceUpdate(nil, slice(3, t3))
+	if err := p.Sync(ctx, false); err == nil {
+		t.Fatal("the failing backend's sync succeeded")
+	}
+	b.fail = nil
+	if err := p.Sync(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if len(obs.got) != 1 || !obs.got[0].Equal(t3) {
+		t.Fatalf("after a failed sync, the retry observed %v, want [%v]", obs.got, t3)
 	}
 }
