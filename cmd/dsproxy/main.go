@@ -104,16 +104,21 @@ func run(args []string) error {
 	d, err := app.New(ctx, cfg, client)
 	if err != nil {
 		if cause := app.StopCause(ctx); cause != nil {
-			return cause
+			return cause // the configuration file changed while it started
+		}
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			klog.InfoS("dsproxy stopped while starting")
+			return nil
 		}
 		return err
 	}
 	defer d.Close()
 	app.ApplyOOMScoreAdj(cfg.OOMScoreAdj)
 	klog.InfoS("dsproxy starting", "version", app.Version(), "families", fmt.Sprint(d.Families()))
-	if err := d.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	err = d.Run(ctx)
+	klog.InfoS("dsproxy stopped; rules left in place")
+	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
-	klog.InfoS("dsproxy stopped; rules left in place")
 	return app.StopCause(ctx)
 }

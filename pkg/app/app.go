@@ -136,23 +136,52 @@ func familyNodeIP(f *family.Family, ips nodeip.IPs, nodeIPs map[*family.Family]n
 	return netip.AddrFrom4([4]byte{127, 0, 0, 1}), true, ""
 }
 
-// waitForNode fetches the proxy's Node, retrying for up to timeout (the kubelet may
-// not have registered it yet). A missing Node is not fatal, as in kube-proxy: the
-// node IPs are then loopback (or, with --node-ip, from local interfaces) until it
-// appears.
-func waitForNode(ctx context.Context, client *kubeclient.Client, name string, timeout time.Duration) *v1.Node {
+// waitForNode fetches the proxy's Node, retrying for up to timeout until it
+// exists and lists an address, as kube-proxy v1.36's NodeManager waits for the
+// node IPs (the kubelet may not have registered the Node yet; a cloud node gets
+// its addresses from the cloud controller). Neither is fatal, as in kube-proxy:
+// the last Node seen, or nil, is returned, and the node IPs are then loopback
+// (or, with --node-ip, from local interfaces) until the Node lists addresses.
+// The error is ctx's, when it ends first.
+func waitForNode(ctx context.Context, client *kubeclient.Client, name string, timeout time.Duration) (*v1.Node, error) {
 	deadline := time.Now().Add(timeout)
+	var node *v1.Node
 	for {
-		node, err := client.Node(ctx, name)
+		n, err := client.Node(ctx, name)
 		if err == nil {
-			return node
+			node = n
+			if hasNodeIPs(n) {
+				return n, nil
+			}
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			klog.ErrorS(err, "Timed out waiting for node to exist", "node", name)
-			return nil
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
-		time.Sleep(time.Second)
+		if time.Now().After(deadline) {
+			if node == nil {
+				klog.ErrorS(err, "Timed out waiting for node to exist", "node", name)
+			} else {
+				klog.ErrorS(nil, "Timed out waiting for node to be assigned IPs", "node", name)
+			}
+			return node, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
 	}
+}
+
+// hasNodeIPs reports whether the Node lists an InternalIP or ExternalIP, which
+// is what kube-proxy takes node IPs from.
+func hasNodeIPs(n *v1.Node) bool {
+	for _, a := range n.Status.Addresses {
+		if _, ok := family.ParseIP(a.Address); ok && (a.Type == v1.NodeInternalIP || a.Type == v1.NodeExternalIP) {
+			return true
+		}
+	}
+	return false
 }
 
 // podCIDRsTimeout is how long, past the wait for the Node, the daemon waits for

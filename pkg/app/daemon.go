@@ -106,7 +106,10 @@ func New(ctx context.Context, cfg *config.Config, client *kubeclient.Client) (*D
 	d.svcHC = healthcheck.NewServiceHealthServer(healthcheck.ServiceHealthConfig{ProxyHealthy: d.health.Healthy,
 		OnListenError: d.events.healthCheckFailed})
 	d.local = newLocalState(d.metrics, d.svcHC)
-	node := waitForNode(ctx, client, name, 30*time.Second)
+	node, err := waitForNode(ctx, client, name, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.DetectLocalMode == config.LocalModeNodeCIDR && len(podCIDRs(node)) == 0 {
 		klog.InfoS("Waiting for the node's PodCIDRs (--detect-local-mode=NodeCIDR)", "node", name, "timeout", podCIDRsTimeout)
 		get := func(ctx context.Context) (*v1.Node, error) { return client.Node(ctx, name) }
@@ -383,7 +386,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		err = d.meta.Run(ctx)
 	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-		return cause // a server failed with --bind-address-hard-fail
+		return cause // a server failed with --bind-address-hard-fail, or the --config file changed
 	}
 	return err
 }

@@ -700,6 +700,15 @@ func testConfigFileUpdated(t *testing.T, e *env) {
 	path, update, change := volume(framework.KubeProxyConfig(e.cp.LinkKubeconfig, e.node, "nftables", cidrs, "127.0.0.1:10349", "127.0.0.1:10356"))
 	check("kube-proxy", func() started {
 		kp := startKubeProxyFile(t, e, "nftables", path)
+		// Its watch is on once its flags are logged (-v=2): before, the rules of
+		// an earlier run may serve and the volume's update race the watch.
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(read(kp.log)(), "FLAG: --config=") {
+			if time.Now().After(deadline) {
+				e.fatalf(t, "kube-proxy logged no flags 30 s after start:\n%s", kp.tail())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		return started{kp.done, func() error { return kp.err }, read(kp.log), kp.stop}
 	}, update, change)
 
@@ -740,14 +749,13 @@ func testConfigFileUpdated(t *testing.T, e *env) {
 }
 
 // testNodeWithoutAddresses: the proxy's Node lists no addresses (a cloud node
-// before its cloud controller sets them; the same as a Node that never
-// appears, but without the 30 s wait for it). kube-proxy then takes loopback as
-// each family's node IP, so its "primary" NodePort addresses (the nftables
-// default) are every local address; dsproxy must serve the NodePort on every
-// address of the node too (it took the node IPs from an interface before, and
-// served NodePorts on that address alone). Once the Node lists its addresses,
-// dsproxy narrows NodePorts to the primary ones (kube-proxy keeps what it
-// started with until restarted).
+// before its cloud controller sets them). kube-proxy waits 30 s for them, then
+// takes loopback as each family's node IP, so its "primary" NodePort addresses
+// (the nftables default) are every local address; dsproxy must do the same and
+// serve the NodePort on every address of the node (it took the node IPs from an
+// interface before, at once, and served NodePorts on that address alone). Once
+// the Node lists its addresses, dsproxy narrows NodePorts to the primary ones
+// (kube-proxy keeps what it started with until restarted).
 func testNodeWithoutAddresses(t *testing.T, e *env) {
 	sel := map[string]string{"app": "noaddr"}
 	e.addPods(t, sel, true, "n1")
@@ -801,7 +809,7 @@ func testNodeWithoutAddresses(t *testing.T, e *env) {
 		e.mu.Unlock()
 	}()
 	p := e.startDsproxy(t)
-	if err := p.waitLog(30*time.Second, `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`, "Can't determine this node's IP, assuming loopback"); err != nil {
+	if err := p.waitLog(70*time.Second, "Timed out waiting for node to be assigned IPs", `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`, "Can't determine this node's IP, assuming loopback"); err != nil {
 		e.fatalf(t, "dsproxy on a Node without addresses: %v", err)
 	}
 	all := append(slices.Clone(primary), others...)
