@@ -56,9 +56,8 @@ func run(args []string) error {
 	if done, err := app.PrintVersion(os.Stdout, cfg.Version); done || err != nil {
 		return err
 	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid configuration:\n%w", err)
-	}
+	// As kube-proxy: the log format first, then the flags logged, then the
+	// configuration validated (its errors are log entries in that format).
 	if err := app.ApplyLogging(cfg); err != nil {
 		return fmt.Errorf("logging configuration: %w", err)
 	}
@@ -67,6 +66,9 @@ func run(args []string) error {
 		for _, name := range slices.Sorted(maps.Keys(cfg.Flags)) {
 			v.Infof("FLAG: --%s=%q", name, cfg.Flags[name])
 		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	for _, w := range cfg.Warnings {
 		klog.InfoS("Configuration warning", "warning", w)

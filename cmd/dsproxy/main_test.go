@@ -148,8 +148,9 @@ func TestBufferedLogsFlushed(t *testing.T) {
 }
 
 // TestExitReason: once the log format is applied, the reason dsproxy exits is
-// a log entry in that format (kube-proxy's "command failed" with the error);
-// before, as for a configuration that does not validate, it is printed as is.
+// a log entry in that format (kube-proxy's "command failed" with the error), a
+// configuration that does not validate included, as kube-proxy applies its log
+// format first; before, as for a flag that does not parse, it is printed as is.
 // The runs fail before they touch the kernel (no kubeconfig; bad values).
 func TestExitReason(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "no-kubeconfig")
@@ -171,9 +172,15 @@ func TestExitReason(t *testing.T) {
 				t.Errorf("last line %q: want a klog error \"command failed\" with the error", last)
 			}
 		}},
-		{"before logging", []string{"--logging-format=json", "--oom-score-adj=5000"}, func(t *testing.T, stderr string) {
-			if !strings.HasPrefix(stderr, "dsproxy: invalid configuration:\n") || !strings.Contains(stderr, "oomScoreAdj") {
-				t.Errorf("stderr %q: want the validation error as is", stderr)
+		{"invalid configuration, as kube-proxy's", []string{"--logging-format=json", "--oom-score-adj=5000"}, func(t *testing.T, stderr string) {
+			msgs := jsonMessages(t, stderr)
+			if len(msgs) == 0 || msgs[len(msgs)-1] != "command failed" || !strings.Contains(stderr, `"err":"invalid configuration:\noomScoreAdj`) {
+				t.Errorf("stderr %q: want a last JSON entry \"command failed\" with the validation error", stderr)
+			}
+		}},
+		{"before logging", []string{"--logging-format=json", "--no-such-flag"}, func(t *testing.T, stderr string) {
+			if !strings.HasPrefix(stderr, "dsproxy: unknown flag: --no-such-flag") {
+				t.Errorf("stderr %q: want the flag error as is", stderr)
 			}
 		}},
 	} {
