@@ -36,6 +36,9 @@ type Options struct {
 	master           string
 	hostnameOverride string
 	nodeIP           string
+	// bootIDFile and machineIDFile are accepted and unused, as by kube-proxy,
+	// whose flag set takes them from a dependency's (cadvisor's) Go flags.
+	bootIDFile, machineIDFile string
 
 	healthzPort, metricsPort      int32
 	iptablesSync, iptablesMinSync time.Duration
@@ -92,6 +95,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		fs.StringVar(&o.version, "version", "", "--version, --version=raw prints version information and quits; --version=vX.Y.Z... sets the reported version")
 		fs.Lookup("version").NoOptDefVal = "true"
 		fs.StringVar(&o.nodeIP, "node-ip", "", "[dsproxy] The node IP(s) to use, in kubelet --node-ip syntax (KEP-3705): an IP, a dual-stack pair, or 'IPv4'/'IPv6'. Applies with or without --config.")
+		fs.StringVar(&o.bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "Comma-separated list of files to check for boot-id. Use the first one that exists. (Accepted, as by kube-proxy, and unused.)")
+		fs.StringVar(&o.machineIDFile, "machine-id-file", "/etc/machine-id,/var/lib/dbus/machine-id", "Comma-separated list of files to check for machine-id. Use the first one that exists. (Accepted, as by kube-proxy, and unused.)")
 		fs.BoolVar(&o.cleanupKubeProxy, "cleanup-kube-proxy", false, "[dsproxy] If true, remove what kube-proxy left (nftables tables, iptables chains, IPVS state) once dsproxy has programmed both families, so that no connection sees a gap; with --cleanup, remove it with dsproxy's own state and exit. Applies with or without --config.")
 	}
 

@@ -16,9 +16,9 @@ import (
 // kubeProxyFlags is every flag kube-proxy v1.36 registers on Linux
 // (cmd/kube-proxy/app/options.go AddFlags, logsapi.AddFlags, verflag).
 // The JSON logging flags exist because package config registers the json log
-// format, as kube-proxy's main package does. Not here: --boot-id-file and
-// --machine-id-file, which kube-proxy's flag set takes from the Go flag set of a
-// dependency (cadvisor) and never reads.
+// format, as kube-proxy's main package does. --boot-id-file and
+// --machine-id-file come to kube-proxy's flag set from the Go flag set of a
+// dependency (cadvisor); it never reads them, and neither does dsproxy.
 var kubeProxyFlags = []string{
 	"config", "write-config-to", "cleanup", "feature-gates", "kubeconfig", "master",
 	"kube-api-content-type", "kube-api-burst", "kube-api-qps", "hostname-override",
@@ -34,6 +34,7 @@ var kubeProxyFlags = []string{
 	"conntrack-udp-timeout-stream", "config-sync-period", "healthz-port", "metrics-port",
 	"logging-format", "log-flush-frequency", "v", "vmodule", "log-text-split-stream",
 	"log-text-info-buffer-size", "log-json-split-stream", "log-json-info-buffer-size", "version",
+	"boot-id-file", "machine-id-file",
 }
 
 func TestAllKubeProxyFlagsRegistered(t *testing.T) {

@@ -1207,8 +1207,7 @@ func metricsPortPages(t *testing.T, e *env, addr string) map[string]string {
 		case p == flagzJSON:
 			// The status, and the names of the flags listed (the text form's
 			// separator is random), but for those only one of the proxies has:
-			// dsproxy's own; kube-proxy's cobra "help"; and the two its flag set
-			// takes from a dependency's (cadvisor's) Go flags.
+			// dsproxy's own, and kube-proxy's cobra "help".
 			var flagz struct {
 				Flags map[string]string `json:"flags"`
 			}
@@ -1217,7 +1216,7 @@ func metricsPortPages(t *testing.T, e *env, addr string) map[string]string {
 			}
 			var names []string
 			for name := range flagz.Flags {
-				if !slices.Contains([]string{"node-ip", "cleanup-kube-proxy", "help", "boot-id-file", "machine-id-file"}, name) {
+				if !slices.Contains([]string{"node-ip", "cleanup-kube-proxy", "help"}, name) {
 					names = append(names, name)
 				}
 			}
