@@ -236,11 +236,11 @@ func (p *Proxier) onSlice(o *endpointslice.Object, deleted bool) {
 		// kube-proxy counts every event its tracker receives, changed or not.
 		obs.AddEndpointChanges(1)
 	}
-	// The trigger time is recorded with the change, under p.mu: a sync takes the
-	// change from the tracker before it takes the trigger times (observeProgramming),
-	// so it finds the time of every change it programs. Recorded after the change
-	// was let go of, a sync in between took the change without its time, which then
-	// waited for the Service's next change and was observed with that one's delay.
+	// The trigger time is recorded with the change, under p.mu, under which a
+	// sync takes the changes and their times together: a sync finds the time of
+	// every change it programs, and none of a change it does not. (Recorded after
+	// the change was let go of, a sync in between took the change without its
+	// time, which then waited for the Service's next change.)
 	changed := false
 	p.mu.Lock()
 	if deleted {
@@ -297,14 +297,15 @@ func (p *Proxier) recordTriggerLocked(o *endpointslice.Object, deleted bool) {
 	}
 }
 
-// takeTriggersLocked takes the trigger times of the changed Services, to be
-// observed once the sync that took the changes succeeds. p.mu is held, since the
-// slice changes were taken: a change recorded later (during the sync) keeps its
-// time for the sync that programs it, as kube-proxy takes both in one checkout.
-func (p *Proxier) takeTriggersLocked(changed map[types.NamespacedName]bool) map[types.NamespacedName][]time.Time {
+// takeTriggersLocked takes the trigger times of the changed Services (all of
+// them for a full sync, which programs everything), to be observed once the sync
+// that took the changes succeeds. p.mu is held, since the slice changes were
+// taken: a change recorded later (during the sync) keeps its time for the sync
+// that programs it, as kube-proxy takes both in one checkout.
+func (p *Proxier) takeTriggersLocked(changed map[types.NamespacedName]bool, full bool) map[types.NamespacedName][]time.Time {
 	var taken map[types.NamespacedName][]time.Time
-	for nn := range changed {
-		if ts, found := p.triggers[nn]; found {
+	for nn, ts := range p.triggers {
+		if full || changed[nn] {
 			if taken == nil {
 				taken = map[types.NamespacedName][]time.Time{}
 			}
@@ -421,7 +422,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	for nn := range p.slices.Checkout(p.epMap, full) {
 		changed[nn] = true
 	}
-	triggers := p.takeTriggersLocked(changed)
+	triggers := p.takeTriggersLocked(changed, full)
 	p.mu.Unlock()
 	if o, ok := p.cfg.Observer.(ChangeObserver); ok {
 		o.SetServiceChangesPending(p.cfg.Family, 0)
