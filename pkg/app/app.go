@@ -173,15 +173,11 @@ func waitForNode(ctx context.Context, client *kubeclient.Client, name string, ti
 	}
 }
 
-// hasNodeIPs reports whether the Node lists an InternalIP or ExternalIP, which
-// is what kube-proxy takes node IPs from.
+// hasNodeIPs reports whether the Node lists an InternalIP or ExternalIP that
+// node IP selection can use, as kube-proxy takes node IPs from those.
 func hasNodeIPs(n *v1.Node) bool {
-	for _, a := range n.Status.Addresses {
-		if _, ok := family.ParseIP(a.Address); ok && (a.Type == v1.NodeInternalIP || a.Type == v1.NodeExternalIP) {
-			return true
-		}
-	}
-	return false
+	addrs, _ := nodeip.ParseAddresses(n.Status.Addresses)
+	return len(addrs) > 0
 }
 
 // podCIDRsTimeout is how long, past the wait for the Node, the daemon waits for

@@ -29,12 +29,12 @@ func badConfig(cfg *config.Config, primary *family.Family, nodeIPs map[*family.F
 	}
 	anyDualStack := false
 	for _, cidrs := range [][]string{cfg.ClusterCIDRs, npa, cfg.IPVS.ExcludeCIDRs, podCIDRs} {
-		if len(cidrsOf(family.IPv4, cidrs)) > 0 && len(cidrsOf(family.IPv6, cidrs)) > 0 {
+		if len(familyCIDRs(family.IPv4, cidrs)) > 0 && len(familyCIDRs(family.IPv6, cidrs)) > 0 {
 			anyDualStack = true
 		}
 	}
 	other := primary.Other()
-	switch primaryNPA := len(cidrsOf(primary, npa)); {
+	switch primaryNPA := len(familyCIDRs(primary, npa)); {
 	case len(npa) == 0:
 		out = append(out, "nodePortAddresses is unset; NodePort connections will be accepted on all local IPs. Consider using `--nodeport-addresses primary`")
 	case anyDualStack && primaryNPA == len(npa):
@@ -47,7 +47,7 @@ func badConfig(cfg *config.Config, primary *family.Family, nodeIPs map[*family.F
 	if dualStack {
 		clusterType = primary.Name + "-primary"
 	}
-	onlyOther := func(cidrs []string) bool { return len(cidrs) > 0 && len(cidrsOf(other, cidrs)) == len(cidrs) }
+	onlyOther := func(cidrs []string) bool { return len(cidrs) > 0 && len(familyCIDRs(other, cidrs)) == len(cidrs) }
 	if onlyOther(cfg.ClusterCIDRs) {
 		out = append(out, fmt.Sprintf("cluster is %s but clusterCIDRs contains only %s addresses", clusterType, other.Name))
 	}
@@ -62,17 +62,6 @@ func badConfig(cfg *config.Config, primary *family.Family, nodeIPs map[*family.F
 			if ap, err := netip.ParseAddrPort(b.addr); err == nil && !ap.Addr().IsUnspecified() && family.Of(ap.Addr()) == other {
 				out = append(out, fmt.Sprintf("cluster is %s but %s is %s", clusterType, b.field, other.Name))
 			}
-		}
-	}
-	return out
-}
-
-// cidrsOf returns the entries of cidrs that are CIDRs of family f.
-func cidrsOf(f *family.Family, cidrs []string) []string {
-	var out []string
-	for _, s := range cidrs {
-		if p, err := config.ParseCIDR(s); err == nil && f.ContainsPrefix(p) {
-			out = append(out, s)
 		}
 	}
 	return out

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/dsproxy/dsproxy/pkg/config"
 	"github.com/dsproxy/dsproxy/pkg/conntrack"
 	"github.com/dsproxy/dsproxy/pkg/family"
@@ -139,6 +141,26 @@ func TestKubeProxyIPTablesBinaries(t *testing.T) {
 		t.Setenv("PATH", dir)
 		if got := kubeProxyIPTablesBinaries(); !slices.Equal(got, tc.want) {
 			t.Errorf("with %v: %v, want %v", tc.have, got, tc.want)
+		}
+	}
+}
+
+// The wait for the Node's addresses ends on addresses node IP selection can
+// use: a Node listing only a loopback InternalIP or a Hostname has none (the
+// wait ended on any parseable one before, and the node IPs were loopback then).
+func TestHasNodeIPs(t *testing.T) {
+	for _, tc := range []struct {
+		addrs []v1.NodeAddress
+		want  bool
+	}{
+		{nil, false},
+		{[]v1.NodeAddress{{Type: v1.NodeHostName, Address: "node-a"}}, false},
+		{[]v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}}, false},
+		{[]v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "192.0.2.1"}}, true},
+		{[]v1.NodeAddress{{Type: v1.NodeExternalIP, Address: "2001:db8::1"}}, true},
+	} {
+		if got := hasNodeIPs(&v1.Node{Status: v1.NodeStatus{Addresses: tc.addrs}}); got != tc.want {
+			t.Errorf("hasNodeIPs(%v) = %v, want %v", tc.addrs, got, tc.want)
 		}
 	}
 }
