@@ -297,6 +297,20 @@ func (p *Proxier) recordTriggerLocked(o *endpointslice.Object, deleted bool) {
 	}
 }
 
+// checkout takes the Services whose Service or slices changed since the last
+// sync (every one for a full sync) into svcMap and epMap, with the slice
+// changes' trigger times: those are taken together, under p.mu, as onSlice
+// records them.
+func (p *Proxier) checkout(full bool) (map[types.NamespacedName]bool, map[types.NamespacedName][]time.Time) {
+	changed := p.services.Checkout(p.svcMap, full)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for nn := range p.slices.Checkout(p.epMap, full) {
+		changed[nn] = true
+	}
+	return changed, p.takeTriggersLocked(changed, full)
+}
+
 // takeTriggersLocked takes the trigger times of the changed Services (all of
 // them for a full sync, which programs everything), to be observed once the sync
 // that took the changes succeeds. p.mu is held, since the slice changes were
@@ -415,15 +429,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	}
 	// The endpoint choice depends on the node's zone: a new zone redoes everything.
 	full = full || p.lastNode == nil || p.lastNodeZone != nodeInfo.Zone
-	changed := p.services.Checkout(p.svcMap, full)
-	// The slice changes and their trigger times are taken together, under p.mu
-	// as onSlice records them.
-	p.mu.Lock()
-	for nn := range p.slices.Checkout(p.epMap, full) {
-		changed[nn] = true
-	}
-	triggers := p.takeTriggersLocked(changed, full)
-	p.mu.Unlock()
+	changed, triggers := p.checkout(full)
 	if o, ok := p.cfg.Observer.(ChangeObserver); ok {
 		o.SetServiceChangesPending(p.cfg.Family, 0)
 		o.SetEndpointChangesPending(p.cfg.Family, 0)
