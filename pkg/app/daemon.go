@@ -246,7 +246,7 @@ func (d *Daemon) newIPVSBackend(f *family.Family) (proxier.Backend, error) {
 	return ipvsbackend.New(f, k, r, ipvsbackend.Options{
 		Scheduler:     d.cfg.IPVS.Scheduler,
 		ExcludeCIDRs:  exclude,
-		MasqueradeBit: int(d.cfg.IPTables.MasqueradeBit),
+		MasqueradeBit: int(d.cfg.MasqueradeBit()),
 		StrictARP:     d.cfg.IPVS.StrictARP,
 		TCPBeLiberal:  d.tcpBeLiberal,
 	}), nil
@@ -273,7 +273,7 @@ func (d *Daemon) newBackend(f *family.Family) (proxier.Backend, error) {
 			return nil, err
 		}
 		return iptables.New(f, r, iptables.Options{
-			MasqueradeBit:      int(d.cfg.IPTables.MasqueradeBit),
+			MasqueradeBit:      int(d.cfg.MasqueradeBit()),
 			LocalhostNodePorts: d.cfg.IPTables.LocalhostNodePorts,
 			TCPBeLiberal:       d.tcpBeLiberal,
 			NFAcct:             d.nfacct(),
@@ -284,7 +284,9 @@ func (d *Daemon) newBackend(f *family.Family) (proxier.Backend, error) {
 		return nil, fmt.Errorf("%s: opening netlink: %w", f, err)
 	}
 	d.kernels = append(d.kernels, k)
-	return nftables.New(f, k, nftables.Options{RebuildEvery: 1, TCPBeLiberal: d.tcpBeLiberal}), nil
+	return nftables.New(f, k, nftables.Options{
+		RebuildEvery: 1, TCPBeLiberal: d.tcpBeLiberal, MasqueradeMark: 1 << d.cfg.MasqueradeBit(),
+	}), nil
 }
 
 func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, node *v1.Node) (*proxier.Proxier, error) {

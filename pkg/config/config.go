@@ -74,6 +74,12 @@ type Config struct {
 
 	// ProxyMode ("mode", --proxy-mode). Never empty once resolved.
 	ProxyMode ProxyMode
+	// ModeDefaulted: the mode was left empty, kube-proxy's iptables mode,
+	// and resolved to dsproxy's default. As in kube-proxy, the mode-generic
+	// settings (SyncPeriod, MinSyncPeriod, MasqueradeAll) then come from the
+	// iptables section and flags, and so does the masquerade bit
+	// (MasqueradeBit).
+	ModeDefaulted bool
 	// HostnameOverride ("hostnameOverride", --hostname-override), trimmed and
 	// lower-cased; "" means use the OS hostname.
 	HostnameOverride string
@@ -170,16 +176,28 @@ type DetectLocal struct {
 // IPTables holds the iptables-section settings that are not mode-generic.
 type IPTables struct {
 	// MasqueradeBit ("iptables.masqueradeBit", --iptables-masquerade-bit),
-	// used by the iptables and ipvs modes, in [0, 31].
+	// used by the iptables and ipvs modes and an empty mode, in [0, 31]
+	// (see Config.MasqueradeBit).
 	MasqueradeBit int32
 	// LocalhostNodePorts ("iptables.localhostNodePorts",
 	// --iptables-localhost-nodeports), iptables mode and IPv4 only.
 	LocalhostNodePorts bool
 }
 
+// MasqueradeBit is the packet mark bit the proxy mode marks packets that need
+// SNAT with: nftables.masqueradeBit in an explicit nftables mode, else
+// iptables.masqueradeBit (--iptables-masquerade-bit), as kube-proxy's modes.
+func (c *Config) MasqueradeBit() int32 {
+	if c.ProxyMode == ModeNFTables && !c.ModeDefaulted {
+		return c.NFTables.MasqueradeBit
+	}
+	return c.IPTables.MasqueradeBit
+}
+
 // NFTables holds the nftables-section settings that are not mode-generic.
 type NFTables struct {
-	// MasqueradeBit ("nftables.masqueradeBit", file only), in [0, 31].
+	// MasqueradeBit ("nftables.masqueradeBit", file only), used by an
+	// explicit nftables mode, in [0, 31].
 	MasqueradeBit int32
 }
 
@@ -235,7 +253,7 @@ func defaultedVersioned() *v1alpha1.KubeProxyConfiguration {
 // with dsproxy's default mode.
 func (c *Config) applyPlatformDefaults() {
 	if c.ProxyMode == "" {
-		c.ProxyMode = DefaultProxyMode
+		c.ProxyMode, c.ModeDefaulted = DefaultProxyMode, true
 	}
 	if c.ProxyMode == ModeNFTables && len(c.NodePortAddresses) == 0 {
 		c.NodePortAddresses = []string{NodePortAddressesPrimary}

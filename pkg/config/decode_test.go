@@ -16,7 +16,9 @@ import (
 
 // cmpOpts compares resource quantities (inside logging options) by value and
 // leaves out Flags, what the command line said (TestParseKeepsFlags checks it).
-var cmpOpts = cmp.Options{cmp.Comparer(func(a, b resource.Quantity) bool { return a.Cmp(b) == 0 }), cmpopts.IgnoreFields(Config{}, "Flags")}
+// cmpOpts compares Configs; ModeDefaulted has tests of its own
+// (TestModeDefaulted).
+var cmpOpts = cmp.Options{cmp.Comparer(func(a, b resource.Quantity) bool { return a.Cmp(b) == 0 }), cmpopts.IgnoreFields(Config{}, "Flags", "ModeDefaulted")}
 
 const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
 
@@ -327,6 +329,64 @@ func TestEncodeRoundTrip(t *testing.T) {
 		back.Warnings = nil
 		if d := cmp.Diff(c, back, cmpOpts); d != "" {
 			t.Errorf("%v: round trip (-want +got):\n%s", args, d)
+		}
+	}
+}
+
+// TestModeDefaulted: an empty mode is kube-proxy's iptables mode, so dsproxy's
+// nftables mode then takes the mode-generic settings and the masquerade bit from
+// the iptables section (file) or flags, and its errors name that section; an
+// explicit nftables mode takes the nftables section's.
+func TestModeDefaulted(t *testing.T) {
+	sections := "iptables: {syncPeriod: 11s, minSyncPeriod: 2s, masqueradeAll: true, masqueradeBit: 5}\n" +
+		"nftables: {syncPeriod: 22s, minSyncPeriod: 3s, masqueradeBit: 7}\n"
+	for _, tc := range []struct {
+		mode          string
+		defaulted     bool
+		sync, minSync time.Duration
+		masqAll       bool
+		bit           int32
+	}{
+		{"", true, 11 * time.Second, 2 * time.Second, true, 5},
+		{"nftables", false, 22 * time.Second, 3 * time.Second, false, 7},
+		{"iptables", false, 11 * time.Second, 2 * time.Second, true, 5},
+	} {
+		c, err := Decode([]byte(header + "mode: \"" + tc.mode + "\"\n" + sections))
+		if err != nil {
+			t.Fatalf("mode %q: %v", tc.mode, err)
+		}
+		got := []any{c.ModeDefaulted, c.SyncPeriod, c.MinSyncPeriod, c.MasqueradeAll, c.MasqueradeBit()}
+		want := []any{tc.defaulted, tc.sync, tc.minSync, tc.masqAll, tc.bit}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("mode %q: [defaulted sync minSync masqueradeAll bit] (-want +got):\n%s", tc.mode, d)
+		}
+	}
+
+	c, err := Decode([]byte(header + "iptables: {syncPeriod: 30s, minSyncPeriod: 2m}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "iptables.minSyncPeriod (--iptables-min-sync-period): invalid value 2m0s: must be less than or equal to iptables.syncPeriod (30s)"
+	if err := c.Validate(); err == nil || err.Error() != want {
+		t.Errorf("Validate: %v\nwant %s", err, want)
+	}
+
+	for _, tc := range []struct {
+		args      []string
+		defaulted bool
+		bit       int32
+	}{
+		{nil, true, 14},
+		{[]string{"--iptables-masquerade-bit=5"}, true, 5},
+		{[]string{"--iptables-masquerade-bit=5", "--proxy-mode=nftables"}, false, 14},
+		{[]string{"--iptables-masquerade-bit=5", "--proxy-mode=ipvs"}, false, 5},
+	} {
+		c, err := Parse(tc.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.ModeDefaulted != tc.defaulted || c.MasqueradeBit() != tc.bit {
+			t.Errorf("%v: defaulted %v, bit %d; want %v, %d", tc.args, c.ModeDefaulted, c.MasqueradeBit(), tc.defaulted, tc.bit)
 		}
 	}
 }

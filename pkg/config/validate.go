@@ -125,10 +125,10 @@ func (c *Config) Validate() error {
 // MinSyncPeriod come from in c's mode.
 func (c *Config) syncPeriodNames() (syncField, minField, syncFlag, minFlag string) {
 	section, flagPrefix := "iptables", "--iptables"
-	switch c.ProxyMode {
-	case ModeNFTables:
+	switch {
+	case c.ProxyMode == ModeNFTables && !c.ModeDefaulted:
 		section = "nftables"
-	case ModeIPVS:
+	case c.ProxyMode == ModeIPVS:
 		section, flagPrefix = "ipvs", "--ipvs"
 	}
 	return section + ".syncPeriod", section + ".minSyncPeriod", flagPrefix + "-sync-period", flagPrefix + "-min-sync-period"

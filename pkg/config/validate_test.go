@@ -59,6 +59,8 @@ func TestValidate(t *testing.T) {
 		{"config sync period", func(c *Config) { c.ConfigSyncPeriod = 0 },
 			`configSyncPeriod (--config-sync-period): invalid value 0s: must be greater than 0`},
 		{"sync period", func(c *Config) { c.SyncPeriod, c.MinSyncPeriod = 0, 0 },
+			`iptables.syncPeriod (--iptables-sync-period): invalid value 0s: must be greater than 0`},
+		{"sync period, nftables mode", func(c *Config) { c.ModeDefaulted, c.SyncPeriod, c.MinSyncPeriod = false, 0, 0 },
 			`nftables.syncPeriod (--iptables-sync-period): invalid value 0s: must be greater than 0`},
 		{"negative min sync period", func(c *Config) { c.ProxyMode, c.MinSyncPeriod = ModeIPTables, -time.Second },
 			`iptables.minSyncPeriod (--iptables-min-sync-period): invalid value -1s: must be greater than or equal to 0`},

@@ -45,6 +45,9 @@ type Options struct {
 	// them; dsproxy keeps the iptables mode's guard against the connection-reset
 	// bug of kernels before 6.1 unless the node opted out of it).
 	TCPBeLiberal bool
+	// MasqueradeMark is the packet mark bit that asks for masquerading: 1 <<
+	// kube-proxy's nftables.masqueradeBit (0: 0x4000, bit 14, its default).
+	MasqueradeMark uint32
 }
 
 const (
@@ -81,6 +84,9 @@ func New(f *family.Family, k nft.Kernel, opts Options) *Backend {
 	}
 	x := newExprs(f)
 	x.keepInvalid = opts.TCPBeLiberal
+	if opts.MasqueradeMark != 0 {
+		x.masq = opts.MasqueradeMark
+	}
 	return &Backend{f: f, k: k, opts: opts, x: x, affinitySeen: map[fixedSet]int{}}
 }
 

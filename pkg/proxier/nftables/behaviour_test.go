@@ -3,6 +3,7 @@ package nftables
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -332,6 +333,65 @@ func TestInvalidDrop(t *testing.T) {
 					e.check(p, outcome{verdict: nft.Accept})
 				} else {
 					e.check(p, dropped())
+				}
+			})
+		}
+	}
+}
+
+// TestMasqueradeMark: with kube-proxy's nftables.masqueradeBit set to 5, the
+// packets that need masquerading carry 0x20 to postrouting, and a mark another
+// program set in bit 14 (the default bit) neither masquerades a packet nor is
+// cleared. With ClientIP affinity too (its rules set the bit themselves).
+func TestMasqueradeMark(t *testing.T) {
+	const mark, other = 1 << 5, 1 << 14
+	for _, f := range family.All {
+		for _, sticky := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/affinity=%v", f.Name, sticky), func(t *testing.T) {
+				e := newEnv(t, f)
+				e.b = New(f, e.fake, Options{MasqueradeMark: mark})
+				var opts []svcOpt
+				if sticky {
+					opts = append(opts, affinity(60))
+				}
+				twoRemote(opts...)(e)
+				e.sync(true)
+				for _, tc := range []struct {
+					name     string
+					p        nft.Packet
+					masq     bool
+					inMark   uint32
+					wantMark uint32
+				}{
+					{"nodePort from outside", to(fromClient, nodeAP(f, 30080), tcp)(f), true, 0, 0},
+					{"nodePort from outside, other's bit 14", to(fromClient, nodeAP(f, 30080), tcp)(f), true, other, other},
+					{"clusterIP from a pod", to(fromPod(5), cip(f, 10, 80), tcp)(f), false, 0, 0},
+					{"clusterIP from a pod, other's bit 14", to(fromPod(5), cip(f, 10, 80), tcp)(f), false, other, other},
+				} {
+					tc.p.Mark = tc.inMark
+					res, err := e.fake.TraceAll(e.tnode(), tc.p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					// Twice more, keeping the affinity entry: pick, then hit.
+					for range 2 {
+						r, err := e.fake.Trace(e.tnode(), tc.p)
+						if err != nil {
+							t.Fatal(err)
+						}
+						res = append(res, r)
+					}
+					if sticky && !slices.ContainsFunc(res, func(r nft.Result) bool {
+						return strings.Contains(strings.Join(r.Trace, "\n"), "affinity hit") && !strings.Contains(strings.Join(r.Trace, "\n"), "affinity pick")
+					}) {
+						t.Errorf("%s: no trace took the affinity hit rule", tc.name)
+					}
+					for _, r := range res {
+						if r.Masquerade != tc.masq || r.Mark != tc.wantMark || !r.DNAT.IsValid() {
+							t.Errorf("%s: masquerade %v, mark %#x, dnat %v; want masquerade %v, mark %#x, DNAT\n%s",
+								tc.name, r.Masquerade, r.Mark, r.DNAT, tc.masq, tc.wantMark, strings.Join(r.Trace, "\n"))
+						}
+					}
 				}
 			})
 		}

@@ -185,9 +185,9 @@ func (x exprs) regularChains(in chainInputs) []*nft.Chain {
 func (x exprs) clusterIPRules(node *proxier.NodeConfig) []nft.Rule {
 	var out []nft.Rule
 	if node.MasqueradeAll {
-		out = append(out, nft.Rule{Exprs: setMasqMark(r8), Comment: "masquerade all clusterIP traffic"})
+		out = append(out, nft.Rule{Exprs: x.setMasqMark(r8), Comment: "masquerade all clusterIP traffic"})
 	} else if m, ok := nonLocalMatch(x, node.Local); ok {
-		out = append(out, nft.Rule{Exprs: append(m, setMasqMark(r8)...), Comment: "masquerade clusterIP traffic from outside the cluster"})
+		out = append(out, nft.Rule{Exprs: append(m, x.setMasqMark(r8)...), Comment: "masquerade clusterIP traffic from outside the cluster"})
 	}
 	return append(out, nft.Rule{Exprs: []expr.Any{jump(chainClusterIPLB)}})
 }
@@ -269,7 +269,7 @@ func (x exprs) groupRules(g group, masq bool) []nft.Rule {
 		rd := ng + 1
 		e := key(r8)
 		if masq {
-			e = append(e, setMasqMark(rd)...)
+			e = append(e, x.setMasqMark(rd)...)
 		}
 		e = append(e, &expr.Numgen{Register: ng, Modulus: g.n, Type: unix.NFT_NG_RANDOM, Offset: ki.offset()},
 			lookupMap(eps, r8, rd), x.dnat(rd))
@@ -335,7 +335,7 @@ func (x exprs) affinityRules(g group, r affinityRegs, comment string) []nft.Rule
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: ix})
 	if r.masq {
 		hit = append(hit, &expr.Bitwise{SourceRegister: saved, DestRegister: saved, Len: 4,
-			Mask: nft.MarkBytes(^uint32(masqMark)), Xor: nft.MarkBytes(masqMark)})
+			Mask: nft.MarkBytes(^x.masq), Xor: nft.MarkBytes(x.masq)})
 	}
 	rd := ix + 1
 	hit = append(hit,
@@ -346,7 +346,7 @@ func (x exprs) affinityRules(g group, r affinityRegs, comment string) []nft.Rule
 
 	pick := clone(load)
 	if r.masq {
-		pick = append(pick, setMasqMark(rd)...)
+		pick = append(pick, x.setMasqMark(rd)...)
 	}
 	pick = append(pick,
 		&expr.Numgen{Register: ix, Modulus: g.n, Type: unix.NFT_NG_RANDOM, Offset: kinds[g.kind].offset()},
@@ -362,7 +362,7 @@ func (x exprs) affinityRules(g group, r affinityRegs, comment string) []nft.Rule
 	// stickiness, as from kube-proxy's full affinity sets, not no DNAT at all.
 	full := r.key(d)
 	if r.masq {
-		full = append(full, setMasqMark(rd)...)
+		full = append(full, x.setMasqMark(rd)...)
 	}
 	full = append(full,
 		&expr.Numgen{Register: ix, Modulus: g.n, Type: unix.NFT_NG_RANDOM, Offset: kinds[g.kind].offset()},
@@ -376,10 +376,10 @@ func (x exprs) masqueradingRules() []nft.Rule {
 	return []nft.Rule{
 		{Exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: nft.MarkBytes(masqMark), Xor: nft.MarkBytes(0)},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: nft.MarkBytes(x.masq), Xor: nft.MarkBytes(0)},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: nft.MarkBytes(0)},
 			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: nft.MarkBytes(^uint32(masqMark)), Xor: nft.MarkBytes(0)},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: nft.MarkBytes(^x.masq), Xor: nft.MarkBytes(0)},
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
 			&expr.Masq{FullyRandom: true},
 		}, Comment: "masquerade marked"},

@@ -16,8 +16,10 @@ import (
 // registers it wrote itself (the kernel rejects the rest with ENODATA), so every rule
 // loads its own key.
 const (
-	r8       = unix.NFT_REG32_00
-	masqMark = 0x4000
+	r8 = unix.NFT_REG32_00
+	// defaultMasqueradeBit is kube-proxy's nftables.masqueradeBit default:
+	// the mark 0x4000.
+	defaultMasqueradeBit = 14
 	// nftDynsetOpDelete is NFT_DYNSET_OP_DELETE, which x/sys/unix lacks.
 	nftDynsetOpDelete = 2
 	// ipsDstNAT is IPS_DST_NAT, "ct status dnat".
@@ -33,9 +35,14 @@ type exprs struct {
 	// keepInvalid leaves out filter-forward's "ct state invalid drop"
 	// (Options.TCPBeLiberal).
 	keepInvalid bool
+	// masq is the packet mark bit that asks for masquerading
+	// (Options.MasqueradeBit).
+	masq uint32
 }
 
-func newExprs(f *family.Family) exprs { return exprs{f: f, a: f.AddrLen / 4} }
+func newExprs(f *family.Family) exprs {
+	return exprs{f: f, a: f.AddrLen / 4, masq: 1 << defaultMasqueradeBit}
+}
 
 func (x exprs) daddr(reg uint32) expr.Any {
 	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: x.f.DaddrOffset, Len: x.f.AddrLen}
@@ -79,12 +86,13 @@ func ctState(bit uint32) []expr.Any {
 	return append([]expr.Any{&expr.Ct{Key: expr.CtKeySTATE, Register: 1}}, bitTest(1, bit)...)
 }
 
-// setMasqMark is "meta mark set meta mark | 0x4000", using scratch as its register.
-func setMasqMark(scratch uint32) []expr.Any {
+// setMasqMark is "meta mark set meta mark | <masquerade bit>" (0x4000 by
+// default), using scratch as its register.
+func (x exprs) setMasqMark(scratch uint32) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: scratch},
 		&expr.Bitwise{SourceRegister: scratch, DestRegister: scratch, Len: 4,
-			Mask: nft.MarkBytes(^uint32(masqMark)), Xor: nft.MarkBytes(masqMark)},
+			Mask: nft.MarkBytes(^x.masq), Xor: nft.MarkBytes(x.masq)},
 		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: scratch},
 	}
 }
