@@ -36,6 +36,8 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
 	"github.com/dsproxy/dsproxy/pkg/proxier"
 	"github.com/dsproxy/dsproxy/pkg/proxier/iptables"
+	"github.com/dsproxy/dsproxy/pkg/proxier/ipv4"
+	"github.com/dsproxy/dsproxy/pkg/proxier/ipv6"
 	ipvsbackend "github.com/dsproxy/dsproxy/pkg/proxier/ipvs"
 	"github.com/dsproxy/dsproxy/pkg/proxier/nftables"
 	"github.com/dsproxy/dsproxy/pkg/runner"
@@ -298,8 +300,11 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 	if d.cfg.ProxyMode == config.ModeIPVS {
 		addrs = ipvs.HostAddrs{} // the Service addresses on dsproxy-ipvs0 are no NodePort addresses
 	}
-	return proxier.New(proxier.Config{
-		Family:       f,
+	newFamily := ipv4.New
+	if f == ipv6.Family {
+		newFamily = ipv6.New
+	}
+	return newFamily(proxier.Config{
 		NodeName:     d.nodeName,
 		Backend:      b,
 		NodePorts:    d.registry,
