@@ -1,4 +1,6 @@
 # dsproxy build and test entry points. `make test` is what CI runs (.ci/run).
+# Go's install directory, for a fresh machine's shell that lacks it.
+export PATH := $(PATH):/usr/local/go/bin
 GO        ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 PKGS      := ./...
@@ -11,9 +13,11 @@ all: build
 build:
 	$(GO) build -o $(BIN)/dsproxy ./cmd/dsproxy
 
-# Everything CI checks: lint, unit tests with the race detector, fuzz smoke runs,
-# benchmark smoke runs, and the root-only kernel tests in network namespaces.
-test: lint test-unit fuzz-smoke bench-smoke test-netns test-ipvs test-e2e
+# Everything CI checks, after installing what it needs (deps): lint, unit tests
+# with the race detector, fuzz smoke runs, benchmark smoke runs, the root-only
+# kernel tests in network namespaces, the IPVS mode's and SCTP's kernel tests in
+# a qemu guest, and the end-to-end tests on a real control plane.
+test: deps lint test-unit fuzz-smoke bench-smoke test-netns test-ipvs test-e2e
 
 test-unit:
 	$(GO) test -race -count=1 $(PKGS)
@@ -25,7 +29,8 @@ test-netns:
 # The IPVS mode's kernel tests. This kernel has no IPVS, so they run in a qemu
 # guest booted with Debian's kernel (hack/guest), where a missing IPVS fails
 # rather than skips: the netns scenarios, and the real binary in IPVS mode on the
-# real control plane, all inside the guest. The test binaries are built here; the
+# real control plane, all inside the guest. The guest kernel has SCTP sockets,
+# which this one lacks: the other modes' SCTP scenarios run there too. The test binaries are built here; the
 # guest sees this machine's filesystem.
 GUESTBIN := $(CURDIR)/$(BIN)/guest
 test-ipvs:
@@ -36,7 +41,7 @@ test-ipvs:
 	$(GO) test -c -tags netns -o $(GUESTBIN)/ipvs.test ./pkg/ipvs/
 	$(GO) test -c -tags e2e,netns -o $(GUESTBIN)/e2e.test ./test/e2e/
 	$(GO) build -o $(GUESTBIN)/dsproxy ./cmd/dsproxy
-	DSPROXY_REQUIRE_IPVS=1 hack/guest/run.sh -m 4096 -e DSPROXY_REQUIRE_IPVS -- hack/guest/test-ipvs.sh $(GUESTBIN)
+	DSPROXY_REQUIRE_IPVS=1 DSPROXY_REQUIRE_SCTP=1 hack/guest/run.sh -m 4096 -e DSPROXY_REQUIRE_IPVS -e DSPROXY_REQUIRE_SCTP -- hack/guest/test-ipvs.sh $(GUESTBIN)
 
 # End-to-end: a real etcd + kube-apiserver + kube-controller-manager (built once
 # from the Go module proxy and cached) in a network namespace, dsproxy in another.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The IPVS mode's kernel tests, run inside the guest by `make test-ipvs`:
-#   hack/guest/run.sh -e DSPROXY_REQUIRE_IPVS -- hack/guest/test-ipvs.sh BINDIR
+# The IPVS mode's kernel tests, and the SCTP scenarios of the other modes, run
+# inside the guest by `make test-ipvs`:
+#   hack/guest/run.sh -e DSPROXY_REQUIRE_IPVS -e DSPROXY_REQUIRE_SCTP -- hack/guest/test-ipvs.sh BINDIR
 # BINDIR holds netns.test (./test/netns), ipvs.test (./pkg/ipvs) and app.test
 # (./pkg/app), built with -tags netns on the host, and e2e.test (./test/e2e,
 # -tags e2e,netns) with the dsproxy binary it runs; the control plane's binaries
@@ -9,6 +10,9 @@ set -euo pipefail
 bin=$1
 root=$(pwd)
 cd "$root/test/netns"
+# This machine's kernel has no SCTP sockets, so the other modes' SCTP scenarios
+# run here, on the guest kernel's SCTP (its TCP and UDP ones run on the host).
+"$bin/netns.test" -test.count=1 -test.run '^TestProxierServices$/^(nftables|iptables|iptables-legacy)$/.*/.*/.*/^sctp$'
 "$bin/netns.test" -test.count=1 -test.run '^(TestProxierServices|TestProxierEndpointChurn|TestProxierEndpointsReplaced|TestProxierRestartWithoutDrop|TestProxierAffinityScaleDown)$/^ipvs$'
 "$bin/netns.test" -test.count=1 -test.v -test.run '^(TestIPVS.*|TestDialSCTPSurvivesLostInit)$'
 cd "$root/pkg/ipvs"

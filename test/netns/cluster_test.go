@@ -30,7 +30,7 @@ func protoSubtests(t *testing.T, c *Cluster, fn func(t *testing.T, p Proto)) {
 	for _, p := range Protos {
 		t.Run(string(p), func(t *testing.T) {
 			if p == SCTP && sctpErr != nil {
-				t.Skipf("skipping SCTP: %v", sctpErr)
+				SkipSCTP(t, sctpErr)
 			}
 			fn(t, p)
 		})

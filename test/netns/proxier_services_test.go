@@ -232,7 +232,7 @@ func testProxierServices(t *testing.T, mode string) {
 					for _, p := range Protos {
 						t.Run(string(p), func(t *testing.T) {
 							if p == SCTP && !x.sctp {
-								t.Skip("kernel has no SCTP sockets")
+								SkipSCTP(t, SCTPSupported(x.c.Node))
 							}
 							sc.run(t, x, f, p)
 						})

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -48,8 +49,19 @@ func SCTPSupported(ns *NS) error {
 func (c *Cluster) RequireSCTP() {
 	c.tb.Helper()
 	if err := SCTPSupported(c.Node); err != nil {
-		c.tb.Skipf("skipping SCTP: %v", err)
+		SkipSCTP(c.tb, err)
 	}
+}
+
+// SkipSCTP skips tb because the kernel lacks SCTP (err says why), or fails it
+// when DSPROXY_REQUIRE_SCTP is set (make test-ipvs: the guest kernel has SCTP,
+// and its SCTP scenarios must not pass by skipping).
+func SkipSCTP(tb testing.TB, err error) {
+	tb.Helper()
+	if os.Getenv("DSPROXY_REQUIRE_SCTP") != "" {
+		tb.Fatalf("DSPROXY_REQUIRE_SCTP is set and the kernel has no SCTP sockets: %v", err)
+	}
+	tb.Skipf("skipping SCTP: %v", err)
 }
 
 // replyTimeout bounds how long a server spends on one connection.
