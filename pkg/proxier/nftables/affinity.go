@@ -327,3 +327,43 @@ func (b *Backend) moveCarried(carry []nft.Op, moves []affinityMove) []nft.Op {
 	}
 	return slices.DeleteFunc(carry, func(op nft.Op) bool { return len(op.Elements) == 0 })
 }
+
+// liveAffinity keeps, of the affinity entries a rebuild carries, those of
+// frontends that still dispatch to a group with ClientIP affinity in c (the
+// new table's cache): the entries of deleted Services, frontends and ports
+// that lost affinity go with the old table, as kube-proxy deletes the affinity
+// sets of gone endpoints at its next sync. Without this they were carried
+// into every rebuilt table until their timeout, filling the family's one
+// @affinity map (affinitySize entries for every Service).
+func (c *cache) liveAffinity(carry []nft.Op, addrLen int) []nft.Op {
+	for i := range carry {
+		op := &carry[i]
+		np := op.SetName == fixedSetNames[setNodePortAffinity]
+		op.Elements = slices.DeleteFunc(op.Elements, func(e nft.Element) bool {
+			return len(e.Key) <= addrLen || !c.affinityFront(np, string(e.Key[addrLen:]))
+		})
+	}
+	return slices.DeleteFunc(carry, func(op nft.Op) bool { return len(op.Elements) == 0 })
+}
+
+// affinityFront reports whether front (a vip key, or an np key when nodePort)
+// is in a dispatch map naming a group with ClientIP affinity.
+func (c *cache) affinityFront(nodePort bool, front string) bool {
+	for k := range numKinds {
+		if kinds[k].nodePort != nodePort {
+			continue
+		}
+		s := c.sets[fixedKey(kindMap(k))]
+		if s == nil {
+			continue
+		}
+		e, ok := s.elems[front]
+		if !ok || len(e.effective()) != 4 {
+			continue
+		}
+		if g, ok := c.byID[binary.NativeEndian.Uint32(bytesOf(e.effective()))]; ok && g.timeout != 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -37,6 +37,7 @@ func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs
 	c := newCache(b.x)
 	c.fill(req, b.c)
 	carry = b.moveCarried(carry, c.takeMoves())
+	carry = c.liveAffinity(carry, b.f.BitLen/8)
 	p := c.drain(target, true)
 	p.chains = c.chainOps(target)
 	n, next := b.coldTxs(c, target, p)
