@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/conntrack"
@@ -116,8 +117,19 @@ func (p *Proxier) keepUnflushed(changed []model.ServicePortName) {
 		p.unflushed = map[model.ServicePortName]*model.PortState{}
 	}
 	for _, name := range changed {
+		if name.Protocol == v1.ProtocolTCP {
+			continue // staleFlows has nothing to clear for TCP
+		}
 		if _, ok := p.unflushed[name]; !ok {
 			p.unflushed[name] = p.state.Previous[name]
+		}
+	}
+	// A port that did not exist before the failures and is gone again has no
+	// flows to clear (staleFlows(nil, nil)): forgetting it bounds the map by the
+	// ports that exist or existed before the failures, not by the churn since.
+	for name, old := range p.unflushed {
+		if old == nil && p.state.Ports[name] == nil {
+			delete(p.unflushed, name)
 		}
 	}
 }
