@@ -45,6 +45,9 @@ func (l *localState) update(f *family.Family, st *model.State, np nodeport.Addre
 	l.svcHC.SyncServices(f, svcs)
 }
 
+// serveRetry is the pause before serveHTTP retries (kube-proxy's 5 s).
+var serveRetry = 5 * time.Second
+
 // serveHTTP serves h on addr until ctx is done, retrying a failed listen or
 // server every 5 s as kube-proxy does; an empty addr disables the server. With
 // fail set (--bind-address-hard-fail) it does not retry: it calls fail with the
@@ -57,12 +60,13 @@ func serveHTTP(ctx context.Context, name, addr string, h http.Handler, fail func
 		l, err := net.Listen("tcp", addr)
 		if err == nil {
 			srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-			go func() {
-				<-ctx.Done()
-				_ = srv.Close()
-			}()
+			// Closed when ctx is done; a server that fails on its own is
+			// retried with a new one, so its closer must not outlive it.
+			stopClose := context.AfterFunc(ctx, func() { _ = srv.Close() })
 			klog.InfoS("Serving", "server", name, "address", addr)
-			if err = srv.Serve(l); errors.Is(err, http.ErrServerClosed) {
+			err = srv.Serve(l)
+			stopClose()
+			if errors.Is(err, http.ErrServerClosed) {
 				return
 			}
 		}
@@ -75,7 +79,7 @@ func serveHTTP(ctx context.Context, name, addr string, h http.Handler, fail func
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(5 * time.Second):
+		case <-time.After(serveRetry):
 		}
 	}
 }
