@@ -599,6 +599,14 @@ func (b *Backend) fullSync(ctx context.Context, req *proxier.SyncRequest, res *p
 		res.Repairs += countVSDiff(belief, kernel)
 	}
 	b.have = kernel
+	// A virtual server gone from the kernel (deleted by someone else) has
+	// nothing left to drain: its entries would otherwise stay forever, their
+	// counts unreadable at every periodic check.
+	for k := range b.draining {
+		if kernel[k] == nil {
+			delete(b.draining, k)
+		}
+	}
 	if err := b.diffSets(res, ms, as, wasSynced, oldMembers, oldAddrs); err != nil {
 		return err
 	}
