@@ -86,7 +86,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 	// Flags that apply with or without --config.
 	{
-		fs.StringVar(&o.configFile, "config", "", "The path to the configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1, YAML or JSON). When set, flags that have a configuration-file equivalent are ignored.")
+		fs.StringVar(&o.configFile, "config", "", "The path to the configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1, YAML or JSON). When set, flags that have a configuration-file equivalent are ignored, except --hostname-override and explicitly set logging flags (-v, --vmodule, --logging-format, --log-*), which override the file.")
 		fs.StringVar(&o.writeConfigTo, "write-config-to", "", "If set, write the default configuration values to this file and exit.")
 		fs.BoolVar(&o.cleanup, "cleanup", false, "If true cleanup dsproxy's rules and exit.")
 		fs.BoolVar(&o.initOnly, "init-only", false, "If true, perform any initialization steps that must be done with full root privileges, and then exit.")
