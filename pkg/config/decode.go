@@ -368,6 +368,7 @@ func (c *Config) KubeProxyConfiguration() *v1alpha1.KubeProxyConfiguration {
 	switch c.ProxyMode {
 	case ModeNFTables:
 		out.NFTables.MasqueradeAll = c.MasqueradeAll
+		out.NFTables.MasqueradeBit = ptr(c.MasqueradeBit())
 		out.NFTables.SyncPeriod, out.NFTables.MinSyncPeriod = sync, minSync
 	case ModeIPVS:
 		out.IPTables.MasqueradeAll = c.MasqueradeAll

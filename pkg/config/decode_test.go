@@ -16,8 +16,6 @@ import (
 
 // cmpOpts compares resource quantities (inside logging options) by value and
 // leaves out Flags, what the command line said (TestParseKeepsFlags checks it).
-// cmpOpts compares Configs; ModeDefaulted has tests of its own
-// (TestModeDefaulted).
 var cmpOpts = cmp.Options{cmp.Comparer(func(a, b resource.Quantity) bool { return a.Cmp(b) == 0 }), cmpopts.IgnoreFields(Config{}, "Flags", "ModeDefaulted")}
 
 const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
@@ -371,6 +369,17 @@ func TestModeDefaulted(t *testing.T) {
 		t.Errorf("Validate: %v\nwant %s", err, want)
 	}
 
+	// kube-proxy checks the nftables section only in an explicit nftables mode.
+	for mode, ok := range map[string]bool{"": true, "iptables": true, "nftables": false} {
+		c, err := Decode([]byte(header + "mode: \"" + mode + "\"\nnftables: {masqueradeBit: 40}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); (err == nil) != ok {
+			t.Errorf("mode %q, nftables.masqueradeBit 40: Validate: %v, want ok %v", mode, err, ok)
+		}
+	}
+
 	for _, tc := range []struct {
 		args      []string
 		defaulted bool
@@ -378,6 +387,7 @@ func TestModeDefaulted(t *testing.T) {
 	}{
 		{nil, true, 14},
 		{[]string{"--iptables-masquerade-bit=5"}, true, 5},
+		{[]string{"--iptables-masquerade-bit=6", "--iptables-sync-period=7s", "--masquerade-all"}, true, 6},
 		{[]string{"--iptables-masquerade-bit=5", "--proxy-mode=nftables"}, false, 14},
 		{[]string{"--iptables-masquerade-bit=5", "--proxy-mode=ipvs"}, false, 5},
 	} {
@@ -387,6 +397,20 @@ func TestModeDefaulted(t *testing.T) {
 		}
 		if c.ModeDefaulted != tc.defaulted || c.MasqueradeBit() != tc.bit {
 			t.Errorf("%v: defaulted %v, bit %d; want %v, %d", tc.args, c.ModeDefaulted, c.MasqueradeBit(), tc.defaulted, tc.bit)
+		}
+		// What /configz and --write-config-to show is what runs: read back,
+		// it gives the same bit and settings.
+		b, err := c.EncodeYAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Decode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back.ProxyMode != c.ProxyMode || back.MasqueradeBit() != tc.bit || back.SyncPeriod != c.SyncPeriod || back.MasqueradeAll != c.MasqueradeAll {
+			t.Errorf("%v: read back: mode %s, bit %d, sync %v, masqueradeAll %v; want %s, %d, %v, %v", tc.args,
+				back.ProxyMode, back.MasqueradeBit(), back.SyncPeriod, back.MasqueradeAll, c.ProxyMode, tc.bit, c.SyncPeriod, c.MasqueradeAll)
 		}
 	}
 }

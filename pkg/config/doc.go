@@ -38,8 +38,10 @@
 // # Deviations from kube-proxy
 //
 //   - The default proxy mode is nftables (kube-proxy: iptables). As in
-//     kube-proxy, a file with mode "" takes its sync periods and masqueradeAll
-//     from the iptables section, then the mode is defaulted.
+//     kube-proxy, a file with mode "" takes its sync periods, masqueradeAll and
+//     masqueradeBit from the iptables section, then the mode is defaulted
+//     (Config.ModeDefaulted); the nftables section is then neither used nor
+//     checked. /configz shows the settings in use in the nftables section.
 //   - An empty metrics bind address (--metrics-port=0) means "disabled", as
 //     for healthz; kube-proxy v1.36 rejects it. An empty --cluster-cidr means
 //     "none"; kube-proxy rejects it.

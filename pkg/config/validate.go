@@ -32,10 +32,11 @@ func (c *Config) Validate() error {
 		v.add("mode", "--proxy-mode", c.ProxyMode, "must be one of %s (or empty for the default, %s)", quoteAll(ValidProxyModes), DefaultProxyMode)
 	}
 	v.bit("iptables.masqueradeBit", "--iptables-masquerade-bit", c.IPTables.MasqueradeBit)
-	switch c.ProxyMode {
-	case ModeNFTables, "":
+	switch {
+	case c.ProxyMode == ModeNFTables && !c.ModeDefaulted:
+		// As kube-proxy: only an explicit nftables mode uses (and checks) it.
 		v.bit("nftables.masqueradeBit", "", c.NFTables.MasqueradeBit)
-	case ModeIPVS:
+	case c.ProxyMode == ModeIPVS:
 		v.nonNegative("ipvs.tcpTimeout", "--ipvs-tcp-timeout", c.IPVS.TCPTimeout)
 		v.nonNegative("ipvs.tcpFinTimeout", "--ipvs-tcpfin-timeout", c.IPVS.TCPFinTimeout)
 		v.nonNegative("ipvs.udpTimeout", "--ipvs-udp-timeout", c.IPVS.UDPTimeout)
