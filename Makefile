@@ -2,7 +2,7 @@
 # Go's install directory, for a fresh machine's shell that lacks it.
 export PATH := $(PATH):/usr/local/go/bin
 GO        ?= go
-STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
+STATICCHECK ?= $(shell PATH='$(PATH)' $(GO) env GOPATH)/bin/staticcheck
 PKGS      := ./...
 BIN       := bin
 
