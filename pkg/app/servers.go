@@ -69,6 +69,7 @@ func serveHTTP(ctx context.Context, name, addr string, h http.Handler, fail func
 			if errors.Is(err, http.ErrServerClosed) {
 				return
 			}
+			_ = srv.Close() // its connections go with it
 		}
 		if fail != nil {
 			klog.ErrorS(err, "Server failed; --bind-address-hard-fail is set", "server", name, "address", addr)
