@@ -46,7 +46,8 @@ type Options struct {
 	// bug of kernels before 6.1 unless the node opted out of it).
 	TCPBeLiberal bool
 	// MasqueradeMark is the packet mark bit that asks for masquerading: 1 <<
-	// kube-proxy's nftables.masqueradeBit (0: 0x4000, bit 14, its default).
+	// the configured masquerade bit (config.Config.MasqueradeBit); 0 means
+	// 0x4000, bit 14, kube-proxy's default.
 	MasqueradeMark uint32
 }
 

@@ -365,6 +365,7 @@ func TestMasqueradeMark(t *testing.T) {
 				}{
 					{"nodePort from outside", to(fromClient, nodeAP(f, 30080), tcp)(f), true, 0, 0},
 					{"nodePort from outside, other's bit 14", to(fromClient, nodeAP(f, 30080), tcp)(f), true, other, other},
+					{"clusterIP from outside the cluster", to(fromClient, cip(f, 10, 80), tcp)(f), true, other, other},
 					{"clusterIP from a pod", to(fromPod(5), cip(f, 10, 80), tcp)(f), false, 0, 0},
 					{"clusterIP from a pod, other's bit 14", to(fromPod(5), cip(f, 10, 80), tcp)(f), false, other, other},
 				} {

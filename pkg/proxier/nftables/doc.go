@@ -96,8 +96,9 @@ package nftables
 //	  # into the new table and keeps each list's slots, so an index names the same
 //	  # endpoint there. When an endpoint leaves a list and the last one moves into
 //	  # its slot, the entries follow the moved endpoint (see affinity.go).
-//	  # 0x4000 is the masquerade bit's mark by default: 1 << Options.MasqueradeMark's
-//	  # bit, kube-proxy's nftables.masqueradeBit (14).
+//	  # 0x4000 is the default Options.MasqueradeMark: 1 << the masquerade bit
+//	  # (kube-proxy's nftables.masqueradeBit, or iptables.masqueradeBit when the
+//	  # mode was left empty; 14 by default).
 //	  # <nodeport addr> is "fib daddr type local ip daddr & 255.0.0.0 != 127.0.0.0", or
 //	  # "ip daddr @nodeport-ips" when NodePort addresses are listed.
 //

@@ -36,7 +36,7 @@ type exprs struct {
 	// (Options.TCPBeLiberal).
 	keepInvalid bool
 	// masq is the packet mark bit that asks for masquerading
-	// (Options.MasqueradeBit).
+	// (Options.MasqueradeMark).
 	masq uint32
 }
 

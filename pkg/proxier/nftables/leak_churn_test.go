@@ -141,3 +141,45 @@ func TestLeakAffinityEntriesOfDeletedServices(t *testing.T) {
 		})
 	}
 }
+
+// TestRebuildKeepsLiveAffinity: a rebuild carries the affinity entries of every
+// frontend of a Service with ClientIP affinity (its ClusterIP, ExternalIP, ETP
+// Local VIP and NodePort), drops those of a Service without affinity, and those
+// of the first Service once it loses its affinity.
+func TestRebuildKeepsLiveAffinity(t *testing.T) {
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t, f)
+			e.b.opts.RebuildEvery = 1 // as the daemon
+			sticky := func(opts ...svcOpt) *model.ServicePort {
+				return svc(f, "lb", 10, 80, tcp, append([]svcOpt{nodePort(30080), externalIP(1), lbVIP(2), etpLocal()}, opts...)...)
+			}
+			lb := e.put(sticky(affinity(10800)), ep(f, 1, 8080, true), ep(f, 2, 8080, false))
+			plain := e.put(svc(f, "plain", 11, 80, tcp), ep(f, 3, 8080, false))
+			e.sync(true)
+			client := nft.AddrBytes(stickyClient(f, 0))
+			entry := func(key string) nft.Element {
+				return nft.Element{Key: nft.Concat(client, []byte(key)), Data: nft.MarkBytes(0), Timeout: time.Hour}
+			}
+			tx := nft.NewTx(f)
+			tx.AddElements(e.b.Table(), fixedSetNames[setAffinity], []nft.Element{
+				entry(vipKey(cip(f, 10, 80).Addr(), tcp, 80)), entry(vipKey(ext(f, 1, 80).Addr(), tcp, 80)),
+				entry(vipKey(ext(f, 2, 80).Addr(), tcp, 80)), entry(vipKey(cip(f, 11, 80).Addr(), tcp, 80)),
+			})
+			tx.AddElements(e.b.Table(), fixedSetNames[setNodePortAffinity], []nft.Element{entry(npKeyBytes(tcp, 30080))})
+			if err := e.fake.Apply(t.Context(), tx); err != nil {
+				t.Fatal(err)
+			}
+			e.sync(true)
+			if n := affinityCount(t, e); n != 4 {
+				t.Errorf("after a rebuild: %d affinity entries, want 4 (lb's ClusterIP, ExternalIP, VIP and NodePort; not plain's)", n)
+			}
+			e.put(sticky(), ep(f, 1, 8080, true), ep(f, 2, 8080, false))
+			e.sync(false, lb, plain)
+			e.sync(true)
+			if n := affinityCount(t, e); n != 0 {
+				t.Errorf("lb without affinity, after a rebuild: %d affinity entries, want 0", n)
+			}
+		})
+	}
+}
