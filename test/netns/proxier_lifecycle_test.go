@@ -161,8 +161,9 @@ func dsproxyTables(t *testing.T, e *proxyNode) []string {
 
 // TestProxierRepairAndCleanup: a full sync on an untouched kernel repairs nothing;
 // after someone deletes an element or a base chain with nft, traffic breaks and the
-// next full sync reports repairs and fixes it; --cleanup (Backend.Cleanup) removes
-// every table and the Service stops working.
+// next full sync reports repairs and fixes it; after someone deletes the table,
+// the next periodic check sync does; --cleanup (Backend.Cleanup) removes every
+// table and the Service stops working.
 func TestProxierRepairAndCleanup(t *testing.T) {
 	e := newProxyNode(t)
 	pods := []*NS{e.c.AddPod("pod-a"), e.c.AddPod("pod-b"), e.c.AddPod("pod-c")}
@@ -206,6 +207,14 @@ func TestProxierRepairAndCleanup(t *testing.T) {
 				e.fatalf(t, "nft delete chain: %v %s", err, out)
 			}
 			e.expectRepair(t, f, "deleting the nat-prerouting chain", true, broken, works)
+
+			// 3. Someone deletes the whole table, as "nft flush ruleset" (the
+			// nftables service's restart) does. The next periodic check (a sync
+			// with nothing to do) notices and rebuilds it.
+			if out, err := Exec(e.c.Node, "nft", "delete", "table", f.NFTFamilyName, e.fam[f].b.Table()); err != nil {
+				e.fatalf(t, "nft delete table: %v %s", err, out)
+			}
+			e.expectRepair(t, f, "deleting the table", false, broken, works)
 		})
 	}
 

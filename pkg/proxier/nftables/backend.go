@@ -22,6 +22,8 @@ import (
 	"fmt"
 	"slices"
 
+	"k8s.io/klog/v2"
+
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nft"
@@ -93,6 +95,29 @@ func New(f *family.Family, k nft.Kernel, opts Options) *Backend {
 
 // Table returns the name of the live table ("" before the first successful sync).
 func (b *Backend) Table() string { return b.table }
+
+var _ proxier.FlushDetector = (*Backend)(nil)
+
+// Flushed implements proxier.FlushDetector: the live table is gone ("nft flush
+// ruleset", as the nftables service's restart does, or a delete by hand), so the
+// periodic check resyncs within syncPeriod. kube-proxy's nftables mode notices
+// only at its next change or hourly sync. It costs one dump of the family's
+// table names. A failed dump says nothing: a rebuild is too dear to try on it.
+func (b *Backend) Flushed(ctx context.Context) bool {
+	if b.table == "" {
+		return false // the next sync builds the table anyway
+	}
+	tables, err := b.k.ListTables(ctx, b.f)
+	if err != nil {
+		klog.V(2).InfoS("Could not list nftables tables", "ipFamily", b.f.Name, "err", err)
+		return false
+	}
+	if !slices.Contains(tables, b.table) {
+		klog.V(2).InfoS("nftables table gone", "ipFamily", b.f.Name, "table", b.table)
+		return true
+	}
+	return false
+}
 
 // Sync implements proxier.Backend. The first sync, the sync after a failure, every
 // RebuildEvery-th full sync and a full sync that finds the table or a base chain

@@ -398,3 +398,33 @@ func TestMasqueradeMark(t *testing.T) {
 		}
 	}
 }
+
+// TestFlushedWhenTableGone: Flushed reports the live table gone (as after "nft
+// flush ruleset"), so the proxier's periodic check resyncs; never before the first
+// sync, and not once the table is back.
+func TestFlushedWhenTableGone(t *testing.T) {
+	for _, f := range family.All {
+		e := newEnv(t, f)
+		if e.b.Flushed(t.Context()) {
+			t.Errorf("%s: flushed before the first sync", f)
+		}
+		twoRemote()(e)
+		e.sync(true)
+		if e.b.Flushed(t.Context()) {
+			t.Errorf("%s: flushed right after a sync", f)
+		}
+		tx := nft.NewTx(f)
+		tx.DeleteTable(e.b.Table())
+		if err := e.fake.Apply(t.Context(), tx); err != nil {
+			t.Fatal(err)
+		}
+		if !e.b.Flushed(t.Context()) {
+			t.Errorf("%s: table %s deleted, Flushed says no", f, e.b.Table())
+		}
+		e.sync(true)
+		if e.b.Flushed(t.Context()) {
+			t.Errorf("%s: flushed after the full sync that rebuilt the table", f)
+		}
+		e.check(to(fromClient, cip(f, 10, 80), tcp)(f), dnatTo(true, both(f)...))
+	}
+}
