@@ -100,17 +100,22 @@ var _ proxier.FlushDetector = (*Backend)(nil)
 
 // Flushed implements proxier.FlushDetector: the live table is gone ("nft flush
 // ruleset", as the nftables service's restart does, or a delete by hand), so the
-// periodic check resyncs within syncPeriod. kube-proxy's nftables mode notices
-// only at its next change or hourly sync. It costs one dump of the family's
-// table names. A failed dump says nothing: a rebuild is too dear to try on it.
+// periodic check resyncs within syncPeriod. kube-proxy's nftables mode repairs it
+// only after its next change (whose partial sync fails and is retried in full) or
+// at its hourly sync. It costs one dump of the family's table names. A failed
+// dump is answered with a full sync, as the iptables mode's canaries are: its
+// rebuild fails at the same dump if it persists, and the error is then reported
+// and retried as any failed sync's. (Two dsproxy processes at once, as during a
+// surge rollout, delete each other's table at each swap and so rebuild at every
+// check.)
 func (b *Backend) Flushed(ctx context.Context) bool {
 	if b.table == "" {
 		return false // the next sync builds the table anyway
 	}
 	tables, err := b.k.ListTables(ctx, b.f)
 	if err != nil {
-		klog.V(2).InfoS("Could not list nftables tables", "ipFamily", b.f.Name, "err", err)
-		return false
+		klog.ErrorS(err, "Could not list nftables tables; resyncing everything", "ipFamily", b.f.Name)
+		return true
 	}
 	if !slices.Contains(tables, b.table) {
 		klog.V(2).InfoS("nftables table gone", "ipFamily", b.f.Name, "table", b.table)

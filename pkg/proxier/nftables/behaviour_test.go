@@ -421,9 +421,15 @@ func TestFlushedWhenTableGone(t *testing.T) {
 		if !e.b.Flushed(t.Context()) {
 			t.Errorf("%s: table %s deleted, Flushed says no", f, e.b.Table())
 		}
-		e.sync(true)
+		e.b.opts.RebuildEvery = 1 // as the daemon: every full sync rebuilds
+		if res := e.sync(true); res.Repairs != 1 {
+			t.Errorf("%s: the full sync after the table went: %d repairs, want 1", f, res.Repairs)
+		}
 		if e.b.Flushed(t.Context()) {
 			t.Errorf("%s: flushed after the full sync that rebuilt the table", f)
+		}
+		if res := e.sync(true); res.Repairs != 0 {
+			t.Errorf("%s: a rebuild of an untouched table: %d repairs, want 0", f, res.Repairs)
 		}
 		e.check(to(fromClient, cip(f, 10, 80), tcp)(f), dnatTo(true, both(f)...))
 	}

@@ -32,6 +32,11 @@ func (b *Backend) rebuild(ctx context.Context, req *proxier.SyncRequest, repairs
 	if err != nil {
 		return res, err
 	}
+	if b.table != "" && live != b.table {
+		// The table this backend last built is gone or unhooked, someone
+		// else's doing: a repair (one, if verify counted it already).
+		res.Repairs = max(res.Repairs, 1)
+	}
 	target := otherTable(live)
 	carry := b.affinityEntries(ctx, live)
 	c := newCache(b.x)
