@@ -30,8 +30,8 @@ test-netns:
 # guest booted with Debian's kernel (hack/guest), where a missing IPVS fails
 # rather than skips: the netns scenarios, and the real binary in IPVS mode on the
 # real control plane, all inside the guest. The guest kernel has SCTP sockets,
-# which this one lacks: the other modes' SCTP scenarios run there too. The test binaries are built here; the
-# guest sees this machine's filesystem.
+# which this one lacks: the other modes' SCTP scenarios run there too. The test
+# binaries are built here; the guest sees this machine's filesystem.
 GUESTBIN := $(CURDIR)/$(BIN)/guest
 test-ipvs:
 	hack/controlplane/build.sh
