@@ -38,9 +38,9 @@ func shutdownListener(t *testing.T, port int) bool {
 	return false
 }
 
-// TestLeakServeHTTPRetry: each failure of the metrics or healthz server that
-// serveHTTP retries leaves the goroutine waiting to close the failed server
-// (and that server) until the daemon stops.
+// TestLeakServeHTTPRetry: a failure of the metrics or healthz server that
+// serveHTTP retries leaves no goroutine behind (one waited to close the failed
+// server until the daemon stopped).
 func TestLeakServeHTTPRetry(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -91,12 +91,10 @@ func TestLeakChurnProxier(t *testing.T) {
 func ptrTo[T any](v T) *T { return &v }
 
 // TestLeakUnflushedWhileSyncsFail: while a family's syncs keep failing (a broken
-// iptables-restore, a kernel refusing the ruleset), every service port any
-// change touched is remembered in p.unflushed with its state before the
-// failures, Services created and deleted since included: with Service churn
-// the map grows with every new port name until a sync succeeds. A port that
-// did not exist before the failures and is gone now has no stale flows to
-// clear.
+// iptables-restore, a kernel refusing the ruleset), p.unflushed, the ports kept
+// for stale-flow cleanup, does not grow with UDP Services created and deleted
+// meanwhile: a port that did not exist before the failures and is gone now has
+// no flows to clear.
 func TestLeakUnflushedWhileSyncsFail(t *testing.T) {
 	ctx := context.Background()
 	f := family.IPv4

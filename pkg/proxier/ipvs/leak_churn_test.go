@@ -70,11 +70,10 @@ func TestLeakChurnIPVS(t *testing.T) {
 	}
 }
 
-// A virtual server kept for its draining real servers (its port has no
-// endpoints) that disappears from the kernel by other means (ipvsadm -C, a
-// restart of the node's IPVS, kube-proxy --cleanup...) is never forgotten:
-// the periodic check fails to read it forever, and a full sync does not
-// forget it either, though backend.go says it does.
+// TestLeakIPVSDrainingOfVanishedVirtualServer: a virtual server kept for its
+// draining real servers (its port has no endpoints) that disappears from the
+// kernel by other means (ipvsadm -C, kube-proxy --cleanup...) is forgotten by
+// the next full sync; it stayed, and every periodic check failed to read it.
 func TestLeakIPVSDrainingOfVanishedVirtualServer(t *testing.T) {
 	f := family.IPv4
 	k := newFake()

@@ -115,12 +115,11 @@ func affinityCount(t *testing.T, e *env) int {
 	return n
 }
 
-// TestLeakAffinityEntriesOfDeletedServices: the ClientIP affinity entries of a
-// deleted Service stay in the family's one @affinity map (65535 entries for
-// every Service) until their timeout (up to a day), and each rebuild (the
-// daemon rebuilds at every hourly full sync) carries them into the new table.
-// kube-proxy's affinity sets are per endpoint and deleted at the sync after the
-// endpoint or Service goes.
+// TestLeakAffinityEntriesOfDeletedServices: a rebuild (the daemon's hourly full
+// sync) does not carry the ClientIP affinity entries of a deleted Service into
+// the new table. Carried, they stayed in the family's one @affinity map (65535
+// entries for every Service) until their timeout, up to a day; kube-proxy's
+// affinity sets are per endpoint and go at the sync after the endpoint does.
 func TestLeakAffinityEntriesOfDeletedServices(t *testing.T) {
 	for _, f := range family.All {
 		t.Run(f.Name, func(t *testing.T) {
