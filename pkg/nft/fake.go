@@ -490,6 +490,22 @@ func (f *Fake) ListChains(ctx context.Context, fam *family.Family, table string)
 	return out, nil
 }
 
+// ListRules returns a copy of the rules of one chain; a missing table or chain
+// is an ENOENT error. The expressions are shared with the Fake.
+func (f *Fake) ListRules(ctx context.Context, fam *family.Family, table, chain string) ([]Rule, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.tables[tableID{fam.NFProto, table}]
+	if !ok {
+		return nil, fmt.Errorf("nft %s: table %s: %w", fam, table, syscall.ENOENT)
+	}
+	c, ok := t.chains[chain]
+	if !ok {
+		return nil, fmt.Errorf("nft %s: chain %s/%s: %w", fam, table, chain, syscall.ENOENT)
+	}
+	return slices.Clone(c.Rules), nil
+}
+
 // ListElements returns copies of the elements of a set sorted by key.
 func (f *Fake) ListElements(ctx context.Context, fam *family.Family, table, set string) ([]Element, error) {
 	f.mu.Lock()

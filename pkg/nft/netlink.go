@@ -436,6 +436,27 @@ func (n *Netlink) ListChains(ctx context.Context, f *family.Family, table string
 	return out, nil
 }
 
+// ListRules returns the rules of one chain as the kernel dumps them (see
+// ListChains), with one dump. The kernel answers a dump for a table or chain
+// that does not exist with no rules.
+func (n *Netlink) ListRules(ctx context.Context, f *family.Family, table, chain string) ([]Rule, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil, errClosed
+	}
+	t := &nftables.Table{Name: table, Family: nftables.TableFamily(f.NFProto)}
+	rules, err := n.conn.GetRules(t, &nftables.Chain{Name: chain, Table: t})
+	if err != nil {
+		return nil, fmt.Errorf("nft %s: rules of chain %s/%s: %w", f, table, chain, err)
+	}
+	out := make([]Rule, 0, len(rules))
+	for _, r := range rules {
+		out = append(out, Rule{Exprs: r.Exprs, Comment: ruleComment(r.UserData)})
+	}
+	return out, nil
+}
+
 // ListElements returns the elements of a set sorted by key. Beware: google/nftables
 // decodes the dump superlinearly; 100k elements take 5-17 s and 300k about a
 // minute. Use it for small sets and samples, not for a full drift check of the

@@ -136,6 +136,9 @@ type Kernel interface {
 	// ListChains returns the chains of table with their rules; ErrNotFound-wrapping
 	// error when the table is absent.
 	ListChains(ctx context.Context, f *family.Family, table string) ([]*Chain, error)
+	// ListRules returns the rules of one chain, one netlink dump. A missing table
+	// or chain gives no rules or an error, depending on the kernel.
+	ListRules(ctx context.Context, f *family.Family, table, chain string) ([]Rule, error)
 	// ListElements returns the elements of a set.
 	ListElements(ctx context.Context, f *family.Family, table, set string) ([]Element, error)
 	// ListTables returns the names of the family's tables.

@@ -161,8 +161,8 @@ func dsproxyTables(t *testing.T, e *proxyNode) []string {
 
 // TestProxierRepairAndCleanup: a full sync on an untouched kernel repairs nothing;
 // after someone deletes an element or a base chain with nft, traffic breaks and the
-// next full sync reports repairs and fixes it; after someone deletes the table,
-// the next periodic check sync does; --cleanup (Backend.Cleanup) removes every
+// next full sync reports repairs and fixes it; after someone deletes or
+// flushes the table, or flushes a base chain, the next periodic check sync does; --cleanup (Backend.Cleanup) removes every
 // table and the Service stops working.
 func TestProxierRepairAndCleanup(t *testing.T) {
 	e := newProxyNode(t)
@@ -215,6 +215,27 @@ func TestProxierRepairAndCleanup(t *testing.T) {
 				e.fatalf(t, "nft delete table: %v %s", err, out)
 			}
 			e.expectRepair(t, f, "deleting the table", false, broken, works)
+
+			// 4. Someone empties the table's chains: "nft flush table" keeps the
+			// table, its chains and sets. The periodic check reads the base
+			// chains and rebuilds.
+			if out, err := Exec(e.c.Node, "nft", "flush", "table", f.NFTFamilyName, e.fam[f].b.Table()); err != nil {
+				e.fatalf(t, "nft flush table: %v %s", err, out)
+			}
+			e.expectRepair(t, f, "flushing the table", false, broken, works)
+
+			// 5. Someone flushes one base chain, the NAT output hook: the node's
+			// own connections to the ClusterIP break, the pods' do not.
+			if out, err := Exec(e.c.Node, "nft", "flush", "chain", f.NFTFamilyName, e.fam[f].b.Table(), "nat-output"); err != nil {
+				e.fatalf(t, "nft flush chain: %v %s", err, out)
+			}
+			fromNode := func(t *testing.T, f *family.Family, what string) {
+				t.Helper()
+				if r, err := Dial(e.c.Node, TCP, netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort), pxDropWait); err == nil {
+					e.fatalf(t, "%s: the ClusterIP still answers the node (%v) after %s", f, r, what)
+				}
+			}
+			e.expectRepair(t, f, "flushing the nat-output chain", false, fromNode, works)
 		})
 	}
 

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/nftables/expr"
+
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/model"
@@ -399,38 +401,67 @@ func TestMasqueradeMark(t *testing.T) {
 	}
 }
 
-// TestFlushedWhenTableGone: Flushed reports the live table gone (as after "nft
-// flush ruleset"), so the proxier's periodic check resyncs; never before the first
-// sync, and not once the table is back.
-func TestFlushedWhenTableGone(t *testing.T) {
+// TestFlushed: Flushed reports the live table gone (as after "nft flush
+// ruleset"), emptied ("nft flush table") or a base chain changed, so the
+// proxier's periodic check resyncs; never before the first sync, and not once the
+// full sync it asks for has repaired the table, which counts one repair.
+func TestFlushed(t *testing.T) {
+	tamper := []struct {
+		name string
+		tx   func(f *family.Family, table string) *nft.Tx
+	}{
+		{"table deleted", func(f *family.Family, table string) *nft.Tx {
+			tx := nft.NewTx(f)
+			tx.DeleteTable(table)
+			return tx
+		}},
+		{"base chains emptied", func(f *family.Family, table string) *nft.Tx {
+			tx := nft.NewTx(f)
+			for _, c := range newExprs(f).baseChainList() {
+				c.Rules = nil
+				tx.SetChain(table, c)
+			}
+			return tx
+		}},
+		{"nat-postrouting edited", func(f *family.Family, table string) *nft.Tx {
+			tx := nft.NewTx(f)
+			for _, c := range newExprs(f).baseChainList() {
+				if c.Name == chainNATPostrouting {
+					c.Rules = []nft.Rule{{Exprs: []expr.Any{verdict(expr.VerdictAccept)}}}
+					tx.SetChain(table, c)
+				}
+			}
+			return tx
+		}},
+	}
 	for _, f := range family.All {
-		e := newEnv(t, f)
-		if e.b.Flushed(t.Context()) {
-			t.Errorf("%s: flushed before the first sync", f)
+		for _, tc := range tamper {
+			e := newEnv(t, f)
+			if e.b.Flushed(t.Context()) {
+				t.Errorf("%s: flushed before the first sync", f)
+			}
+			twoRemote()(e)
+			e.sync(true)
+			if e.b.Flushed(t.Context()) {
+				t.Errorf("%s: flushed right after a sync", f)
+			}
+			if err := e.fake.Apply(t.Context(), tc.tx(f, e.b.Table())); err != nil {
+				t.Fatal(err)
+			}
+			if !e.b.Flushed(t.Context()) {
+				t.Errorf("%s, %s: Flushed says no", f, tc.name)
+			}
+			e.b.opts.RebuildEvery = 1 // as the daemon: every full sync rebuilds
+			if res := e.sync(true); res.Repairs != 1 {
+				t.Errorf("%s, %s: the full sync after it: %d repairs, want 1", f, tc.name, res.Repairs)
+			}
+			if e.b.Flushed(t.Context()) {
+				t.Errorf("%s, %s: flushed after the full sync that rebuilt the table", f, tc.name)
+			}
+			if res := e.sync(true); res.Repairs != 0 {
+				t.Errorf("%s, %s: a rebuild of an untouched table: %d repairs, want 0", f, tc.name, res.Repairs)
+			}
+			e.check(to(fromClient, cip(f, 10, 80), tcp)(f), dnatTo(true, both(f)...))
 		}
-		twoRemote()(e)
-		e.sync(true)
-		if e.b.Flushed(t.Context()) {
-			t.Errorf("%s: flushed right after a sync", f)
-		}
-		tx := nft.NewTx(f)
-		tx.DeleteTable(e.b.Table())
-		if err := e.fake.Apply(t.Context(), tx); err != nil {
-			t.Fatal(err)
-		}
-		if !e.b.Flushed(t.Context()) {
-			t.Errorf("%s: table %s deleted, Flushed says no", f, e.b.Table())
-		}
-		e.b.opts.RebuildEvery = 1 // as the daemon: every full sync rebuilds
-		if res := e.sync(true); res.Repairs != 1 {
-			t.Errorf("%s: the full sync after the table went: %d repairs, want 1", f, res.Repairs)
-		}
-		if e.b.Flushed(t.Context()) {
-			t.Errorf("%s: flushed after the full sync that rebuilt the table", f)
-		}
-		if res := e.sync(true); res.Repairs != 0 {
-			t.Errorf("%s: a rebuild of an untouched table: %d repairs, want 0", f, res.Repairs)
-		}
-		e.check(to(fromClient, cip(f, 10, 80), tcp)(f), dnatTo(true, both(f)...))
 	}
 }

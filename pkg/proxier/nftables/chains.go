@@ -442,5 +442,11 @@ func chainsEqual(a, b *nft.Chain) bool {
 	if a.Name != b.Name || (a.Hook == nil) != (b.Hook == nil) || len(a.Rules) != len(b.Rules) {
 		return false
 	}
-	return slices.EqualFunc(a.Rules, b.Rules, func(r, s nft.Rule) bool { return nft.FormatRule(r) == nft.FormatRule(s) })
+	return rulesEqual(a.Rules, b.Rules)
+}
+
+// rulesEqual compares rules by their canonical text, which ignores what the
+// kernel's read-back changes (see nft.Netlink.ListChains).
+func rulesEqual(a, b []nft.Rule) bool {
+	return slices.EqualFunc(a, b, func(r, s nft.Rule) bool { return nft.FormatRule(r) == nft.FormatRule(s) })
 }

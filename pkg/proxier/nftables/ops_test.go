@@ -39,6 +39,13 @@ func (r *recorder) ListTables(ctx context.Context, f *family.Family) ([]string, 
 	return r.Kernel.ListTables(ctx, f)
 }
 
+func (r *recorder) ListRules(ctx context.Context, f *family.Family, table, chain string) ([]nft.Rule, error) {
+	if r.Kernel == nil {
+		return nil, nil
+	}
+	return r.Kernel.ListRules(ctx, f, table, chain)
+}
+
 // nonElementOps lists the operations of tx that are not element operations.
 func nonElementOps(tx *nft.Tx) []string {
 	var kinds []string
