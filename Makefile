@@ -47,6 +47,7 @@ test-ipvs:
 # from the Go module proxy and cached) in a network namespace, dsproxy in another.
 test-e2e:
 	hack/controlplane/build.sh
+	hack/kubegates/gen.sh --check
 	$(GO) test -count=1 -tags e2e,netns -p 1 -timeout 20m ./test/e2e/...
 	$(GO) test -count=1 -tags e2e,netns -run '^(TestConnectTimes|TestParseStatTicks|TestTreeCPUTicksCountsRunningDescendants|TestPlotLines|TestConnectFloor|TestLoadCount|TestMergeCountSpread|TestTargets|TestRenderAgain|TestInformersSynced|TestParseSchedStat|TestPollFirst|TestRuns|TestParseAPIW3Metrics|TestCPUGroup|TestAwaitEarlierLoads|TestEventControlPlaneSched|TestRatioSameMode)$$' ./bench/e2e/
 

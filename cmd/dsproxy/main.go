@@ -56,12 +56,17 @@ func run(args []string) error {
 	if done, err := app.PrintVersion(os.Stdout, cfg.Version); done || err != nil {
 		return err
 	}
-	// As kube-proxy: the log format first, then the flags logged, then the
+	// As kube-proxy: the feature gates set first (before the logging options,
+	// which they gate), the log format next, then the flags logged, then the
 	// configuration validated (its errors are log entries in that format).
+	if _, err := cfg.FeatureGate(); err != nil {
+		return fmt.Errorf("invalid configuration: featureGates (--feature-gates): %w", err)
+	}
 	if err := app.ApplyLogging(cfg); err != nil {
 		return fmt.Errorf("logging configuration: %w", err)
 	}
 	loggingApplied = true
+	cfg.LogFeatureGateWarnings(klog.Background())
 	if v := klog.V(1); v.Enabled() { // as kube-proxy's cliflag.PrintFlags
 		for _, name := range slices.Sorted(maps.Keys(cfg.Flags)) {
 			v.Infof("FLAG: --%s=%q", name, cfg.Flags[name])

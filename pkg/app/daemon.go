@@ -18,6 +18,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/config"
@@ -320,7 +321,7 @@ func (d *Daemon) newProxier(f *family.Family, ip netip.Addr, np nodeport.Spec, n
 		HealthTimeout:    healthTimeout(d.cfg),
 		Observer:         d.metrics,
 		Conntrack:        conntrack.New(),
-		NoExternalIPs:    !gateEnabled(d.cfg, "AllowServiceExternalIPs", true),
+		NoExternalIPs:    !gateEnabled(d.cfg, "AllowServiceExternalIPs"),
 		// Called after every successful full sync, the first one included.
 		LocalStateChanged: func(f *family.Family, st *model.State, node *proxier.NodeConfig) {
 			d.local.update(f, st, node.NodePortAddresses)
@@ -474,10 +475,10 @@ func metricsMux(m *metrics.Metrics, cfg *config.Config) http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		_, _ = fmt.Fprint(w, mode)
 	})
-	if gateEnabled(cfg, "ComponentFlagz", true) {
+	if gateEnabled(cfg, "ComponentFlagz") {
 		installFlagz(mux, cfg.Flags)
 	}
-	if gateEnabled(cfg, "ComponentStatusz", true) {
+	if gateEnabled(cfg, "ComponentStatusz") {
 		installStatusz(mux)
 	}
 	if profiling {
@@ -613,13 +614,16 @@ func nodePortKeys(claims []nodeport.Claim) map[ipvs.Key]bool {
 	return out
 }
 
-// gateEnabled reads one of kube-proxy's feature gates from --feature-gates
-// (config featureGates), def when not set.
-func gateEnabled(cfg *config.Config, name string, def bool) bool {
-	if v, ok := cfg.FeatureGates[name]; ok {
-		return v
+// gateEnabled reads one of kube-proxy's feature gates as kube-proxy's gate
+// answers it (config.Config.FeatureGate): as set, or its v1.36 default, with
+// AllAlpha and AllBeta applied. The configuration was validated before; should
+// its gates fail anyway, name reads as its default.
+func gateEnabled(cfg *config.Config, name string) bool {
+	fg, err := cfg.FeatureGate()
+	if err != nil {
+		fg, _ = (&config.Config{}).FeatureGate()
 	}
-	return def
+	return fg.Enabled(featuregate.Feature(name))
 }
 
 // checkIPVSScheduler checks that IPVS has the scheduler (ipvs.CheckScheduler).

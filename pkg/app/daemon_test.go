@@ -84,14 +84,26 @@ func TestConntrackSysctlsOutsideInitialNetns(t *testing.T) {
 	}
 }
 
-// kube-proxy's feature gates as dsproxy reads them: set, or the default.
+// kube-proxy's feature gates as dsproxy reads them: set, or kube-proxy v1.36's
+// default, AllAlpha and AllBeta applied.
 func TestGateEnabled(t *testing.T) {
-	cfg := &config.Config{FeatureGates: map[string]bool{"AllowServiceExternalIPs": false}}
-	if gateEnabled(cfg, "AllowServiceExternalIPs", true) {
-		t.Error("AllowServiceExternalIPs=false read as enabled")
-	}
-	if !gateEnabled(&config.Config{}, "AllowServiceExternalIPs", true) {
-		t.Error("unset AllowServiceExternalIPs read as disabled")
+	for _, tc := range []struct {
+		gates map[string]bool
+		name  string
+		want  bool
+	}{
+		{map[string]bool{"AllowServiceExternalIPs": false}, "AllowServiceExternalIPs", false},
+		{nil, "AllowServiceExternalIPs", true},
+		{nil, "ComponentFlagz", true}, // beta, on by default in v1.36
+		{nil, "ComponentStatusz", true},
+		{map[string]bool{"AllBeta": false}, "ComponentFlagz", false},
+		{map[string]bool{"AllBeta": false, "ComponentStatusz": true}, "ComponentStatusz", true},
+		{map[string]bool{"ComponentFlagz": false}, "ComponentFlagz", false},
+	} {
+		cfg := &config.Config{FeatureGates: tc.gates}
+		if got := gateEnabled(cfg, tc.name); got != tc.want {
+			t.Errorf("%v: %s enabled = %v, want %v", tc.gates, tc.name, got, tc.want)
+		}
 	}
 }
 

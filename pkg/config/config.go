@@ -146,8 +146,8 @@ type Config struct {
 	OOMScoreAdj int32
 	// PortRange ("portRange") is accepted for compatibility and ignored.
 	PortRange string
-	// FeatureGates ("featureGates", --feature-gates), kube-proxy gate names;
-	// accepted as is, never nil.
+	// FeatureGates ("featureGates", --feature-gates), kube-proxy's gates, never
+	// nil; Validate (FeatureGate) refuses what kube-proxy refuses.
 	FeatureGates map[string]bool
 	// Logging ("logging", -v, --vmodule, --logging-format, ...); apply it with
 	// logsapi.ValidateAndApply. Logging.Verbosity is the -v level.

@@ -51,9 +51,10 @@
 //     the flags are.
 //   - ClusterCIDRs are validated in every detect-local mode, not only in
 //     ClusterCIDR mode.
-//   - featureGates names are not checked (they are kube-proxy's gates, not
-//     dsproxy's). The logging gates are interpreted, for logging validation,
-//     and AllowServiceExternalIPs=false makes the proxy ignore Services'
+//   - Of the featureGates, which are checked as kube-proxy checks them
+//     (FeatureGate, with its gate list generated from kube-proxy), only a few
+//     act: the logging gates, ComponentFlagz and ComponentStatusz, and
+//     AllowServiceExternalIPs=false, which makes the proxy ignore Services'
 //     externalIPs, as kube-proxy does; kube-proxy v1.36's other proxy gates
 //     are locked to their defaults.
 package config

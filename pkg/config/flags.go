@@ -101,7 +101,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	}
 
 	trackFileMapped(func() {
-		fs.Var(&mapStringBool{m: &c.FeatureGates}, "feature-gates", "A set of key=value pairs that describe feature gates for alpha/experimental features. This parameter is ignored if a config file is specified by --config.")
+		fs.Var(&mapStringBool{m: &c.FeatureGates}, "feature-gates", "A set of key=value pairs that describe feature gates for alpha/experimental features. "+
+			"Options are:\n"+strings.Join(knownFeatures(), "\n")+"\n"+
+			"This parameter is ignored if a config file is specified by --config.")
 		fs.StringVar(&c.ClientConnection.Kubeconfig, "kubeconfig", c.ClientConnection.Kubeconfig, "Path to kubeconfig file with authorization information (the master location can be overridden by the master flag). This parameter is ignored if a config file is specified by --config.")
 		fs.StringVar(&c.ClientConnection.ContentType, "kube-api-content-type", c.ClientConnection.ContentType, "Content type of requests sent to apiserver.")
 		fs.Int32Var(&c.ClientConnection.Burst, "kube-api-burst", c.ClientConnection.Burst, "Burst to use while talking with kubernetes apiserver")

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	netutils "k8s.io/utils/net"
 )
@@ -116,7 +115,11 @@ func (c *Config) Validate() error {
 	}
 	v.clusterCIDRs(c.ClusterCIDRs)
 
-	for _, e := range logsapi.Validate(&c.Logging, loggingFeatureGate(c.FeatureGates), field.NewPath("logging")) {
+	fg, err := c.FeatureGate()
+	if err != nil {
+		v.errs = append(v.errs, fmt.Errorf("featureGates (--feature-gates): %w", err))
+	}
+	for _, e := range logsapi.Validate(&c.Logging, fg, field.NewPath("logging")) {
 		v.errs = append(v.errs, e)
 	}
 	return errors.Join(v.errs...)
@@ -133,26 +136,6 @@ func (c *Config) syncPeriodNames() (syncField, minField, syncFlag, minFlag strin
 		section, flagPrefix = "ipvs", "--ipvs"
 	}
 	return section + ".syncPeriod", section + ".minSyncPeriod", flagPrefix + "-sync-period", flagPrefix + "-min-sync-period"
-}
-
-// loggingFeatureGate returns a gate holding only the logging feature gates,
-// set from gates (other names are ignored).
-func loggingFeatureGate(gates map[string]bool) featuregate.FeatureGate {
-	fg := featuregate.NewFeatureGate()
-	if err := logsapi.AddFeatureGates(fg); err != nil {
-		return nil
-	}
-	known := fg.GetAll()
-	m := map[string]bool{}
-	for k, val := range gates {
-		if _, ok := known[featuregate.Feature(k)]; ok {
-			m[k] = val
-		}
-	}
-	if err := fg.SetFromMap(m); err != nil {
-		return nil
-	}
-	return fg
 }
 
 // hiddenMetricsVersion is the one showHiddenMetricsForVersion kube-proxy v1.36

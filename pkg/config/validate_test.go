@@ -123,8 +123,21 @@ func TestValidate(t *testing.T) {
 		{"logging alpha option with gate", func(c *Config) {
 			c.Logging.Options.Text.SplitStream = true
 			c.Logging.Options.Text.InfoBufferSize = resource.QuantityValue{Quantity: resource.MustParse("1Ki")}
-			c.FeatureGates = map[string]bool{"LoggingAlphaOptions": true, "SomeKubeGate": true}
+			c.FeatureGates = map[string]bool{"LoggingAlphaOptions": true, "AllowServiceExternalIPs": false}
 		}, ""},
+		// Feature gates as kube-proxy v1.36 refuses them (its errors, verbatim).
+		{"unknown feature gate", func(c *Config) { c.FeatureGates = map[string]bool{"AllowServiceExternalIP": false} },
+			`featureGates (--feature-gates): unrecognized feature gate: AllowServiceExternalIP`},
+		{"locked feature gate", func(c *Config) { c.FeatureGates = map[string]bool{"APIServerTracing": false} },
+			`featureGates (--feature-gates): cannot set feature gate APIServerTracing to false, feature is locked to true`},
+		{"locked feature gate at its default", func(c *Config) { c.FeatureGates = map[string]bool{"APIServerTracing": true} }, ""},
+		{"feature gate dependency", func(c *Config) {
+			c.FeatureGates = map[string]bool{"ClusterTrustBundleProjection": true}
+		}, `featureGates (--feature-gates): ClusterTrustBundleProjection is enabled, but depends on features that are disabled: [ClusterTrustBundle]`},
+		{"feature gate dependency on", func(c *Config) {
+			c.FeatureGates = map[string]bool{"ClusterTrustBundleProjection": true, "ClusterTrustBundle": true}
+		}, ""},
+		{"all alpha and beta gates", func(c *Config) { c.FeatureGates = map[string]bool{"AllAlpha": false, "AllBeta": false} }, ""},
 		{"logging vmodule", func(c *Config) { c.Logging.VModule = logsapi.VModuleConfiguration{{FilePattern: "a=b", Verbosity: 1}} },
 			`logging.vmodule[0]: Invalid value: "a=b": File pattern must not contain equal sign or comma`},
 	} {

@@ -72,6 +72,7 @@ func TestProxy(t *testing.T) {
 	t.Run("NodeWithoutAddresses", func(t *testing.T) { testNodeWithoutAddresses(t, e) })
 	t.Run("KubeProxyTakeover", func(t *testing.T) { testKubeProxyTakeover(t, e) })
 	t.Run("KubeProxyParity", func(t *testing.T) { testKubeProxyParity(t, e) })
+	t.Run("FeatureGates", func(t *testing.T) { testFeatureGates(t, e) })
 	// Before APIServerRestart: a restarted kube-apiserver briefly answers
 	// "forbidden" to everyone until its RBAC authorizer has caught up.
 	t.Run("Manifests", func(t *testing.T) { testManifests(t, e) })
@@ -1532,6 +1533,51 @@ func testAPIServerRestart(t *testing.T, e *env) {
 	t.Logf("after the restart: EndpointSlices in %v, dsproxy followed %v later", kcm.Round(time.Millisecond), took.Round(time.Millisecond))
 	if e.cur() != p || p.exited() {
 		e.fatalf(t, "dsproxy (pid %d) restarted or exited: %v", p.pid, p.err)
+	}
+}
+
+// testFeatureGates: dsproxy accepts and refuses --feature-gates as kube-proxy
+// v1.36 does, with kube-proxy's error: both binaries are run with each value
+// and --write-config-to (which kube-proxy reaches only once its gates are set),
+// in the node's namespace.
+func testFeatureGates(t *testing.T, e *env) {
+	run := func(bin, gates, out string) (string, error) {
+		return netns.Exec(e.c.Node, bin, "--feature-gates="+gates, "--write-config-to="+out)
+	}
+	for i, gates := range []string{
+		"AllowServiceExternalIPs=false",
+		"AllowServiceExternalIP=false",      // unknown
+		"APIServerTracing=false",            // locked to true
+		"APIServerTracing=true",             // locked, at its default
+		"ClusterTrustBundleProjection=true", // its dependency off
+		"ClusterTrustBundleProjection=true,ClusterTrustBundle=true",
+		"AllAlpha=true",
+		"AllBeta=false,ComponentFlagz=true",
+		"LoggingAlphaOptions=true,ContextualLogging=false",
+		"NFTablesProxyMode=false", // GA: kube-proxy's own gates
+		"KubeProxyDrainingTerminatingNodes=false",
+	} {
+		kpOut, kpErr := run(filepath.Join(e.cp.Bin, "kube-proxy"), gates, filepath.Join(e.dir, fmt.Sprintf("kp-%d.yaml", i)))
+		dsOut, dsErr := run(e.bin, gates, filepath.Join(e.dir, fmt.Sprintf("ds-%d.yaml", i)))
+		if (kpErr == nil) != (dsErr == nil) {
+			e.fatalf(t, "--feature-gates=%s: kube-proxy: %v %s\ndsproxy: %v %s", gates, kpErr, framework.Tail(kpOut, 5), dsErr, framework.Tail(dsOut, 5))
+			continue
+		}
+		if kpErr == nil {
+			t.Logf("--feature-gates=%s: both accept", gates)
+			continue
+		}
+		// kube-proxy: ... "command failed" err="failed complete: <message>"
+		_, msg, ok := strings.Cut(kpOut, "failed complete: ")
+		if !ok {
+			e.fatalf(t, "--feature-gates=%s: kube-proxy failed without its gate error: %v %s", gates, kpErr, kpOut)
+			continue
+		}
+		msg, _, _ = strings.Cut(msg, "\"\n")
+		if !strings.Contains(dsOut, msg) {
+			e.fatalf(t, "--feature-gates=%s: kube-proxy says %q; dsproxy: %s", gates, msg, dsOut)
+		}
+		t.Logf("--feature-gates=%s: both refuse: %s", gates, msg)
 	}
 }
 
