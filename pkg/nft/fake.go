@@ -491,17 +491,18 @@ func (f *Fake) ListChains(ctx context.Context, fam *family.Family, table string)
 }
 
 // ListRules returns a copy of the rules of one chain; a missing table or chain
-// is an ENOENT error. The expressions are shared with the Fake.
+// has no rules, as the kernel's dump answers. The expressions are shared with
+// the Fake.
 func (f *Fake) ListRules(ctx context.Context, fam *family.Family, table, chain string) ([]Rule, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t, ok := f.tables[tableID{fam.NFProto, table}]
 	if !ok {
-		return nil, fmt.Errorf("nft %s: table %s: %w", fam, table, syscall.ENOENT)
+		return nil, nil
 	}
 	c, ok := t.chains[chain]
 	if !ok {
-		return nil, fmt.Errorf("nft %s: chain %s/%s: %w", fam, table, chain, syscall.ENOENT)
+		return nil, nil
 	}
 	return slices.Clone(c.Rules), nil
 }

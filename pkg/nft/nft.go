@@ -137,7 +137,7 @@ type Kernel interface {
 	// error when the table is absent.
 	ListChains(ctx context.Context, f *family.Family, table string) ([]*Chain, error)
 	// ListRules returns the rules of one chain, one netlink dump. A missing table
-	// or chain gives no rules or an error, depending on the kernel.
+	// or chain has no rules (the kernel's dump answers so, without an error).
 	ListRules(ctx context.Context, f *family.Family, table, chain string) ([]Rule, error)
 	// ListElements returns the elements of a set.
 	ListElements(ctx context.Context, f *family.Family, table, set string) ([]Element, error)

@@ -236,6 +236,10 @@ func TestProxierRepairAndCleanup(t *testing.T) {
 				}
 			}
 			e.expectRepair(t, f, "flushing the nat-output chain", false, fromNode, works)
+			vip := netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort)
+			if r, err := Dial(e.c.Node, TCP, vip, pxDialWait); err != nil || !slices.ContainsFunc(pods, func(n *NS) bool { return n.Name == r.Server }) {
+				e.fatalf(t, "%s: the node's connection to the ClusterIP after the repair: %v %v", f, r, err)
+			}
 		})
 	}
 

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/nftables/expr"
@@ -452,8 +453,13 @@ func TestFlushed(t *testing.T) {
 				t.Errorf("%s, %s: Flushed says no", f, tc.name)
 			}
 			e.b.opts.RebuildEvery = 1 // as the daemon: every full sync rebuilds
+			// The full sync Flushed asks for fails: its retry counts the repair.
+			e.fake.FailNext(syscall.ENOMEM)
+			if _, err := e.b.Sync(t.Context(), &proxier.SyncRequest{Full: true, State: e.state, Node: e.node}); err == nil {
+				t.Fatalf("%s, %s: the full sync did not fail", f, tc.name)
+			}
 			if res := e.sync(true); res.Repairs != 1 {
-				t.Errorf("%s, %s: the full sync after it: %d repairs, want 1", f, tc.name, res.Repairs)
+				t.Errorf("%s, %s: the retried full sync after it: %d repairs, want 1", f, tc.name, res.Repairs)
 			}
 			if e.b.Flushed(t.Context()) {
 				t.Errorf("%s, %s: flushed after the full sync that rebuilt the table", f, tc.name)
