@@ -56,5 +56,6 @@
 //     act: the logging gates, ComponentFlagz and ComponentStatusz, and
 //     AllowServiceExternalIPs=false, which makes the proxy ignore Services'
 //     externalIPs, as kube-proxy does; kube-proxy v1.36's other proxy gates
-//     are locked to their defaults.
+//     are locked to their defaults. NativeHistograms, which kube-proxy applies
+//     to its metrics, does nothing.
 package config
