@@ -15,7 +15,8 @@ import (
 // staleFlows returns the conntrack filters that remove the UDP and SCTP flows a
 // change of one service port made stale: flows DNATed to endpoints that no longer
 // serve it, flows to frontends (ClusterIP, ExternalIPs, LoadBalancer VIPs, NodePort)
-// that are gone, and flows that were rejected while the port had no endpoints.
+// that are gone, flows that were rejected while the port had no endpoints, and
+// flows that went un-NATed to a frontend new to a serving port.
 // Connection-oriented TCP needs none of this: its conntrack entries die with the
 // connections. old or cur is nil for a port that is new or deleted.
 //
@@ -52,7 +53,11 @@ func staleFlows(old, cur *model.PortState) []conntrack.Filter {
 		}
 		out = append(out, conntrack.ForStaleEndpoints(proto, fr.Addr(), fr.Port(), keep))
 	}
-	if gained {
+	if len(curServing) > 0 {
+		// A frontend new to a serving port (an ExternalIP, a load-balancer
+		// VIP its controller assigned later, a NodePort) may carry flows that
+		// went un-NATed before it was programmed; a client that keeps sending
+		// would stay on them. kube-proxy's reconciler clears them too.
 		for _, fr := range curFronts {
 			if !hasAddrPort(oldFronts, fr) {
 				out = append(out, conntrack.ForStaleEndpoints(proto, fr.Addr(), fr.Port(), curServing))

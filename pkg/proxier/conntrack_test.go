@@ -32,6 +32,7 @@ func TestStaleFlows(t *testing.T) {
 	}
 	cluster := func(f *family.Family) netip.AddrPort { return netip.AddrPortFrom(testaddr.Svc(f, 10), 53) }
 	nodePort := func(f *family.Family) netip.AddrPort { return netip.AddrPortFrom(testaddr.Node(f, 1), 30053) }
+	lbVIP := func(f *family.Family) netip.AddrPort { return netip.AddrPortFrom(testaddr.Ext(f, 1), 53) }
 	cases := []struct {
 		name          string
 		old, cur      func(f *family.Family) *model.PortState
@@ -67,6 +68,25 @@ func TestStaleFlows(t *testing.T) {
 		{name: "new UDP service with endpoints clears earlier rejected flows",
 			cur:     func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 0, 1) },
 			cleared: []flow{{cluster, 0}}, filters: 1},
+		{name: "UDP load-balancer VIP added to a serving port: flows that went un-NATed to it go",
+			old: func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 0, 1) },
+			cur: func(f *family.Family) *model.PortState {
+				ps := portState(f, v1.ProtocolUDP, 0, 1)
+				ps.LoadBalancerVIPs = []netip.Addr{testaddr.Ext(f, 1)}
+				return ps
+			},
+			cleared: []flow{{lbVIP, 0}}, kept: []flow{{lbVIP, 1}, {cluster, 0}, {cluster, 1}}, filters: 1},
+		{name: "UDP NodePort added to a serving port: flows that went un-NATed to it go",
+			old:     func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 0, 1) },
+			cur:     func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 30053, 1) },
+			cleared: []flow{{nodePort, 0}}, kept: []flow{{nodePort, 1}, {cluster, 0}}, filters: 1},
+		{name: "UDP VIP added to a port without endpoints: its flows stay",
+			old: func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolUDP, 0) },
+			cur: func(f *family.Family) *model.PortState {
+				ps := portState(f, v1.ProtocolUDP, 0)
+				ps.LoadBalancerVIPs = []netip.Addr{testaddr.Ext(f, 1)}
+				return ps
+			}},
 		{name: "SCTP service deleted: all its flows go",
 			old:     func(f *family.Family) *model.PortState { return portState(f, v1.ProtocolSCTP, 30053, 1) },
 			cleared: []flow{{cluster, 1}, {nodePort, 1}}, filters: 2},

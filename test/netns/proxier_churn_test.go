@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/dsproxy/dsproxy/internal/testaddr"
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
@@ -147,6 +149,60 @@ func testEndpointChurn(t *testing.T, mode string) {
 		}
 		if len(seen) < 2 {
 			e.fatalf(t, "%s after scaling back to 3: 30 connections reached only %v", f, seen)
+		}
+	}
+}
+
+// TestProxierUDPNewFrontend: a UDP client that kept sending to a NodePort
+// before it existed (its datagrams refused, its conntrack flow left un-NATed)
+// reaches the Service with a datagram of that same flow once the Service gets
+// the NodePort, because the proxier clears the flows that went un-NATed to a
+// frontend new to a serving port (kube-proxy's reconciler does the same). A
+// load-balancer VIP its controller assigns after the Service serves is the
+// same case.
+func TestProxierUDPNewFrontend(t *testing.T) {
+	for _, mode := range proxyModes {
+		t.Run(mode, func(t *testing.T) { testUDPNewFrontend(t, mode) })
+	}
+}
+
+func testUDPNewFrontend(t *testing.T, mode string) {
+	e := newProxyNodeMode(t, mode)
+	pod := e.c.AddPod("pod-a")
+	pod.Serve(UDP, pxPodPort)
+	s := svcSpec{name: "late", n: 21, eps: []*NS{pod}}
+	e.apply(s)
+	e.sync(false)
+
+	s.typ, s.nodePort = v1.ServiceTypeNodePort, 30310
+	sessions := map[*family.Family]*udpSession{}
+	for _, f := range family.All {
+		sess := openUDPSession(t, e.c.External, netip.AddrPortFrom(e.c.Node.IP(f), s.nodePortOf(UDP)))
+		sessions[f] = sess
+		if r, err := sess.exchange(time.Second); err == nil {
+			e.fatalf(t, "%s: udp to %s answered (%v) before the NodePort existed", f, sess.dst, r)
+		}
+	}
+	e.apply(s)
+	e.sync(false)
+	for _, f := range family.All {
+		sess := sessions[f]
+		deadline := time.Now().Add(pxDialWait)
+		for {
+			// A refused datagram (ICMP port unreachable) fails the read at once.
+			r, err := sess.exchange(2 * udpResend)
+			if err == nil {
+				if r.Server != pod.Name {
+					e.fatalf(t, "%s: udp session answered by %q, want %s", f, r.Server, pod)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				e.fatalf(t, "%s: udp session (local %s) to the new NodePort %s still fails after the sync: %v: the flow that went un-NATed was not cleared",
+					f, sess.conn.LocalAddr(), sess.dst, err)
+				break
+			}
+			time.Sleep(udpResend)
 		}
 	}
 }
