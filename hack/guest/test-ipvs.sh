@@ -13,7 +13,7 @@ cd "$root/test/netns"
 # This machine's kernel has no SCTP sockets, so the other modes' SCTP scenarios
 # run here, on the guest kernel's SCTP (its TCP and UDP ones run on the host).
 "$bin/netns.test" -test.count=1 -test.run '^TestProxierServices$/^(nftables|iptables|iptables-legacy)$/.*/.*/.*/^sctp$'
-"$bin/netns.test" -test.count=1 -test.run '^(TestProxierServices|TestProxierEndpointChurn|TestProxierEndpointsReplaced|TestProxierRestartWithoutDrop|TestProxierAffinityScaleDown)$/^ipvs$'
+"$bin/netns.test" -test.count=1 -test.run '^(TestProxierServices|TestProxierEndpointChurn|TestProxierEndpointsReplaced|TestProxierRestartWithoutDrop|TestProxierAffinityScaleDown|TestProxierUDPNewFrontend)$/^ipvs$'
 "$bin/netns.test" -test.count=1 -test.v -test.run '^(TestIPVS.*|TestDialSCTPSurvivesLostInit)$'
 cd "$root/pkg/ipvs"
 "$bin/ipvs.test" -test.count=1 -test.v
