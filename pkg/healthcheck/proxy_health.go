@@ -158,6 +158,10 @@ func (s *ProxyHealthServer) Health() ProxyHealth {
 	}
 	for f, st := range s.cfg.Health() {
 		last := st.Proxier.LastSync
+		if last.IsZero() {
+			// kube-proxy marks a family updated when its sync loop starts.
+			last = st.Proxier.Started
+		}
 		if last.After(h.LastUpdated) {
 			h.LastUpdated = last
 		}

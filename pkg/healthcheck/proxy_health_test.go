@@ -166,6 +166,19 @@ func TestHealthzBody(t *testing.T) {
 	if got.code != http.StatusServiceUnavailable || strings.Contains(got.body, "nodeEligible") {
 		t.Errorf("unhealthy /livez = %d %s", got.code, got.body)
 	}
+
+	// A family that has not synced yet reads as updated when its sync loop
+	// started, as kube-proxy marks it at SyncLoop's start.
+	p.mu.Lock()
+	p.status[family.IPv6] = metaproxier.FamilyStatus{Healthy: false, Running: true,
+		Proxier: metaproxier.Health{Started: t0.Add(2 * time.Second)}}
+	p.mu.Unlock()
+	got = get(t, h, "/healthz")
+	const wantStarted = `{"lastUpdated":"2026-03-04T05:06:09Z","currentTime":"2026-03-04T05:11:07Z","nodeEligible":true,"healthy":false,` +
+		`"status":{"IPv4":{"lastUpdated":"2026-03-04T05:06:04Z","healthy":true},"IPv6":{"lastUpdated":"2026-03-04T05:06:09Z","healthy":false}}}`
+	if got.body != wantStarted {
+		t.Errorf("/healthz before IPv6's first sync = %s\nwant %s", got.body, wantStarted)
+	}
 }
 
 func TestHealthzTransitions(t *testing.T) {

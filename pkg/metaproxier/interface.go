@@ -68,6 +68,8 @@ type Health struct {
 	Healthy bool
 	// LastSync is when the last successful sync finished; zero if none has.
 	LastSync time.Time
+	// Started is when the sync loop started; zero before.
+	Started time.Time
 	// LastQueued is when the oldest change not yet synced arrived; zero if none.
 	LastQueued time.Time
 	// LastError is the error of the most recent sync, or nil if it succeeded.

@@ -138,9 +138,11 @@ func New(cfg Config) (*Proxier, error) {
 	}
 	p.services.NoExternalIPs = cfg.NoExternalIPs
 	p.runner = runner.New(cfg.Family.Name, p.sync, cfg.Runner)
-	// The first sync is queued from the start, as kube-proxy queues one when its
-	// sync loop starts: a family whose first sync does not come within the health
-	// timeout (its caches never synced) reports unhealthy.
+	// The first sync is requested from the start; for the health check it is
+	// queued when Run starts, once the caches have synced (runner
+	// Status.LastQueued), as kube-proxy queues its first sync then: a family
+	// whose first sync does not end within the health timeout of that reports
+	// unhealthy, one whose caches are still syncing does not.
 	p.runner.Trigger()
 	if cfg.NodePorts != nil {
 		cfg.NodePorts.OnChange(func(f *family.Family) {
@@ -164,6 +166,7 @@ func (p *Proxier) Health() metaproxier.Health {
 	return metaproxier.Health{
 		Healthy:             st.Healthy(time.Now(), p.cfg.HealthTimeout),
 		LastSync:            st.LastSync,
+		Started:             st.Started,
 		LastQueued:          st.LastQueued,
 		LastError:           st.LastError,
 		ConsecutiveFailures: st.ConsecutiveFailures,

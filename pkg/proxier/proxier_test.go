@@ -395,25 +395,55 @@ func TestSetLocalDetector(t *testing.T) {
 	}
 }
 
-// The first sync is queued from the start: a proxier whose sync loop never ran
-// (its caches never synced) turns unhealthy once the health timeout passes, as
-// kube-proxy's does, and healthy again once it has synced.
-func TestFirstSyncQueuedAtStart(t *testing.T) {
-	p, err := New(Config{Family: family.IPv4, NodeName: "node-a", Backend: &recordingBackend{}, HealthTimeout: 50 * time.Millisecond})
+// blockingBackend's syncs wait until release is closed.
+type blockingBackend struct{ release chan struct{} }
+
+func (b *blockingBackend) Sync(ctx context.Context, _ *SyncRequest) (SyncResult, error) {
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+	}
+	return SyncResult{}, ctx.Err()
+}
+
+func (b *blockingBackend) Cleanup(context.Context) error { return nil }
+
+// Health before the first sync, as kube-proxy's: healthy while the caches sync
+// (before Run), however long, and even with changes already received; from
+// Run's start the first sync is queued, and a first sync that takes longer than
+// the health timeout is unhealthy until it ends. The family reads as updated
+// when its loop started.
+func TestFirstSyncQueuedWhenRunStarts(t *testing.T) {
+	f := family.IPv4
+	b := &blockingBackend{release: make(chan struct{})}
+	p, err := New(Config{Family: f, NodeName: "node-a", Backend: b, HealthTimeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := p.Health(); !h.Healthy || h.LastQueued.IsZero() {
-		t.Fatalf("new proxier: %+v, want healthy with the first sync queued", h)
-	}
+	p.OnServiceAdd(service(f, "web", f))
 	time.Sleep(60 * time.Millisecond)
-	if h := p.Health(); h.Healthy {
-		t.Fatalf("no sync within the health timeout: %+v, want unhealthy", h)
+	if h := p.Health(); !h.Healthy || !h.LastQueued.IsZero() || !h.Started.IsZero() {
+		t.Fatalf("before Run, past the health timeout: %+v, want healthy, nothing queued", h)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	start := time.Now()
 	go func() { _ = p.Run(ctx) }()
 	deadline := time.Now().Add(5 * time.Second)
+	for p.Health().Started.IsZero() {
+		if time.Now().After(deadline) {
+			t.Fatal("Run did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if h := p.Health(); h.LastQueued.Before(start) || h.Started.Before(start) {
+		t.Fatalf("Run started at %v: %+v, want the first sync queued then", start, h)
+	}
+	time.Sleep(60 * time.Millisecond)
+	if h := p.Health(); h.Healthy {
+		t.Fatalf("the first sync has run past the health timeout: %+v, want unhealthy", h)
+	}
+	close(b.release)
 	for !p.Health().Healthy {
 		if time.Now().After(deadline) {
 			t.Fatalf("still unhealthy after the first sync: %+v", p.Health())

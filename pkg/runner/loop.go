@@ -22,6 +22,15 @@ func (r *Runner) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer r.active.Store(false)
+	r.mu.Lock()
+	now := r.opts.Clock.Now()
+	r.st.started = now
+	if r.st.queued.IsZero() && r.st.pending {
+		// What was triggered before Run counts from now (Status.LastQueued).
+		r.st.queued = now
+		r.st.gen++
+	}
+	r.mu.Unlock()
 	klog.V(2).InfoS("Sync runner started", "ipFamily", r.name)
 	defer klog.V(2).InfoS("Sync runner stopped", "ipFamily", r.name)
 	for ctx.Err() == nil {

@@ -69,7 +69,12 @@ type Status struct {
 	LastSync time.Time
 	// LastQueued is when the oldest trigger not yet covered by a successful sync
 	// arrived; zero if every trigger has been synced. Periodic resyncs do not set it.
+	// Triggers before Run count from when Run starts, as kube-proxy queues
+	// nothing for its health check until its caches have synced (its handlers
+	// sync only once initialized) and then queues its first sync.
 	LastQueued time.Time
+	// Started is when Run last started; zero before.
+	Started time.Time
 	// LastError is the error of the most recent sync, or nil if it succeeded.
 	LastError error
 	// ConsecutiveFailures counts failed syncs since the last success.
@@ -118,6 +123,7 @@ type state struct {
 	lastFullStart time.Time
 	retryAt       time.Time // no sync before this (backoff); zero if none
 	running       bool
+	started       time.Time // when Run last started
 	lastSync      time.Time
 	lastErr       error
 	failures      int
@@ -166,7 +172,7 @@ func (r *Runner) request(full bool) {
 	r.st.pending = true
 	r.st.full = r.st.full || full
 	r.st.gen++
-	if r.st.queued.IsZero() {
+	if r.st.queued.IsZero() && r.active.Load() {
 		r.st.queued = r.opts.Clock.Now()
 	}
 	r.mu.Unlock()
@@ -181,9 +187,16 @@ func (r *Runner) Status() Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := &r.st
+	queued := s.queued
+	if s.running && !s.covered.IsZero() && (queued.IsZero() || s.covered.Before(queued)) {
+		// The sync in flight has not delivered what it took yet: as in
+		// kube-proxy, a change is pending until a sync with it succeeds.
+		queued = s.covered
+	}
 	return Status{
 		LastSync:            s.lastSync,
-		LastQueued:          s.queued,
+		LastQueued:          queued,
+		Started:             s.started,
 		LastError:           s.lastErr,
 		ConsecutiveFailures: s.failures,
 		Failures:            s.totalFailures,

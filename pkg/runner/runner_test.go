@@ -171,7 +171,8 @@ func TestIdleTriggerSyncsAtOnce(t *testing.T) {
 	if c.ctx.Err() != nil {
 		t.Fatal("sync got a done context")
 	}
-	if got := h.r.Status(); !got.Syncing || !got.LastQueued.IsZero() || got.FullSyncPending {
+	// The trigger the sync in flight took is pending until it succeeds.
+	if got := h.r.Status(); !got.Syncing || !got.LastQueued.Equal(t0) || got.FullSyncPending {
 		t.Fatalf("during first sync: %+v", got)
 	}
 	c.done(nil)
@@ -182,6 +183,39 @@ func TestIdleTriggerSyncsAtOnce(t *testing.T) {
 	got := h.r.Status()
 	if !got.LastSync.Equal(t0) || !got.LastQueued.IsZero() || got.Syncing || got.LastError != nil {
 		t.Fatalf("after syncs: %+v", got)
+	}
+}
+
+// Triggers before Run (the caches syncing) are not late: they count from when
+// Run starts, as kube-proxy queues its first sync once initialized.
+func TestTriggersBeforeRunQueueAtStart(t *testing.T) {
+	h := &harness{t: t, clock: clocktesting.NewFakeClock(t0), calls: make(chan *call)}
+	h.r = New("IPv4", h.sync, Options{Clock: h.clock, FullResyncPeriod: time.Hour})
+	h.r.idleHook = func(d decision) {
+		h.mu.Lock()
+		h.idle, h.seen = d, true
+		h.mu.Unlock()
+	}
+	h.r.Trigger()
+	h.clock.Step(10 * time.Minute)
+	if got := h.r.Status(); !got.LastQueued.IsZero() || !got.Started.IsZero() || !got.Healthy(h.clock.Now(), time.Minute) {
+		t.Fatalf("before Run: %+v, want nothing queued, healthy", got)
+	}
+	h.start()
+	t.Cleanup(h.stop)
+	c := h.expectCall(true)
+	start := t0.Add(10 * time.Minute)
+	if got := h.r.Status(); !got.LastQueued.Equal(start) || !got.Started.Equal(start) {
+		t.Fatalf("Run started at %v: %+v, want the trigger queued then", start, got)
+	}
+	h.clock.Step(2 * time.Minute)
+	if got := h.r.Status(); got.Healthy(h.clock.Now(), time.Minute) {
+		t.Fatalf("first sync running for 2 min: %+v, want unhealthy at a 1 min timeout", got)
+	}
+	c.done(nil)
+	h.waitIdle()
+	if got := h.r.Status(); !got.LastQueued.IsZero() || !got.Healthy(h.clock.Now(), time.Minute) {
+		t.Fatalf("after the first sync: %+v", got)
 	}
 }
 
@@ -200,8 +234,8 @@ func TestBurstDuringSyncRunsOneFollowUp(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if got := h.r.Status().LastQueued; !got.Equal(t0.Add(time.Second)) {
-		t.Errorf("LastQueued = %v, want the first trigger of the burst", got)
+	if got := h.r.Status().LastQueued; !got.Equal(t0) {
+		t.Errorf("LastQueued = %v, want the trigger of the sync in flight", got)
 	}
 	c.done(nil)
 	h.expectCall(false).done(nil)
