@@ -331,6 +331,26 @@ func TestParseConditionsAndHints(t *testing.T) {
 	}
 }
 
+// An endpoint whose slice names no node is not local, and is marked NoNodeName
+// (it may be a pod on this node; the backends masquerade it reaching itself).
+func TestParseNoNodeName(t *testing.T) {
+	for _, f := range family.All {
+		es := slice(f, "a", 80, 1, 2, 3)
+		es.Endpoints[0].NodeName = nil
+		es.Endpoints[1].NodeName = ptr.To("")
+		es.Endpoints[2].NodeName = ptr.To("node-c")
+		s, skips, err := Parse(f, es, "node-b")
+		if err != nil || len(skips) != 0 {
+			t.Fatalf("%s: %v %v", f, err, skips)
+		}
+		for i, want := range []bool{true, true, false} {
+			if e := s.Endpoints[i]; e.NoNodeName != want || e.Local {
+				t.Errorf("%s: endpoint %d: %+v, want NoNodeName %v, not local", f, i, e, want)
+			}
+		}
+	}
+}
+
 // Endpoint addresses stored before v1.36's StrictIPCIDRValidation may have leading
 // zeros or an IPv4-mapped form: read as kube-proxy reads them, not dropped.
 func TestParseLegacyAddresses(t *testing.T) {

@@ -157,6 +157,7 @@ func endpointFrom(ep *discovery.Endpoint, addr netip.Addr, nodeName string) mode
 		Terminating: ep.Conditions.Terminating != nil && *ep.Conditions.Terminating,
 	}
 	e.Local = ep.NodeName != nil && nodeName != "" && *ep.NodeName == nodeName
+	e.NoNodeName = ep.NodeName == nil || *ep.NodeName == ""
 	if ep.Hints != nil && len(ep.Hints.ForZones)+len(ep.Hints.ForNodes) > 0 {
 		h := &model.Hints{}
 		for _, z := range ep.Hints.ForZones {

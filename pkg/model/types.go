@@ -120,6 +120,11 @@ type Endpoint struct {
 	// zone themselves are not kept: nothing the proxy programs depends on them
 	// beyond Local and the hints, as in kube-proxy (40 bytes an endpoint, not 72).
 	Local bool
+	// NoNodeName is true when the slice names no node for the endpoint (a
+	// hand-made or mirrored slice): it may be a pod on this node, so the
+	// nftables and iptables modes masquerade it reaching itself, as
+	// kube-proxy masquerades every endpoint reaching itself. It is not Local.
+	NoNodeName bool
 	// Hints are the slice's topology hints; nil when the endpoint has none. One
 	// pointer rather than two slices: endpoints are the model's most numerous
 	// values (200k at 10k Services), and nearly all have no hints.

@@ -91,6 +91,8 @@ type svcSpec struct {
 	// extraPorts are more service ports (port → same target port) that endpoints
 	// serve over TCP, e.g. an echo server.
 	extraPorts []int32
+	// noNodeName leaves the endpoints' nodeName unset (a hand-made slice).
+	noNodeName bool
 }
 
 // pxFamily is one family's running proxier.
@@ -478,11 +480,15 @@ func (e *proxyNode) slice(s svcSpec, f *family.Family, eps []*NS) *discovery.End
 		if ep.Remote {
 			node = pxRemoteName
 		}
-		es.Endpoints = append(es.Endpoints, discovery.Endpoint{
+		e := discovery.Endpoint{
 			Addresses:  []string{ep.IP(f).String()},
 			Conditions: discovery.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
 			NodeName:   ptr.To(node),
-		})
+		}
+		if s.noNodeName {
+			e.NodeName = nil
+		}
+		es.Endpoints = append(es.Endpoints, e)
 	}
 	return es
 }

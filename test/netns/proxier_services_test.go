@@ -20,6 +20,7 @@ import (
 type servicesFixture struct {
 	*proxyNode
 	a, b, cc, client, r *NS
+	u                   *NS // only in a slice that names no node for it
 	svc                 map[string]svcSpec
 }
 
@@ -29,7 +30,8 @@ func newServicesFixture(t *testing.T, mode string) *servicesFixture {
 	x.a, x.b, x.cc = e.c.AddPod("pod-a"), e.c.AddPod("pod-b"), e.c.AddPod("pod-c")
 	x.client = e.c.AddPod("client")
 	x.r = e.c.AddRemotePod("pod-r")
-	for _, n := range []*NS{x.a, x.b, x.cc, x.r} {
+	x.u = e.c.AddPod("pod-u")
+	for _, n := range []*NS{x.a, x.b, x.cc, x.r, x.u} {
 		for _, p := range e.protos() {
 			n.Serve(p, pxPodPort)
 		}
@@ -40,6 +42,8 @@ func newServicesFixture(t *testing.T, mode string) *servicesFixture {
 		{name: "web", n: 10, typ: v1.ServiceTypeNodePort, nodePort: 30010, eps: []*NS{x.a, x.b, x.cc}},
 		// Only pod-a: pod-a reaching itself through it is hairpin traffic.
 		{name: "self", n: 11, eps: []*NS{x.a}},
+		// The same for pod-u, in a slice that names no node for it (hand-made).
+		{name: "self-unnamed", n: 20, eps: []*NS{x.u}, noNodeName: true},
 		// ETP Local with a local and a remote endpoint.
 		{name: "local", n: 12, typ: v1.ServiceTypeNodePort, nodePort: 30020, etpLocal: true, eps: []*NS{x.a, x.r}},
 		// Only remote endpoints: ETP Local has none on this node, ETP Cluster uses them.
@@ -105,6 +109,14 @@ var proxierScenarios = []struct {
 	}},
 	{"ClusterIP/hairpin-masquerade", func(t *testing.T, x *servicesFixture, f *family.Family, p Proto) {
 		x.expectServed(t, x.a, p, x.vip("self", f), x.c.Node.IP(f), x.a)
+	}},
+	{"ClusterIP/hairpin-masquerade-without-node-name", func(t *testing.T, x *servicesFixture, f *family.Family, p Proto) {
+		// kube-proxy's nftables and iptables modes masquerade every endpoint
+		// reaching itself; its IPVS mode only those on its node (KUBE-LOOP-BACK).
+		if x.mode == modeIPVS {
+			t.Skip("IPVS mode masquerades only endpoints named on this node reaching themselves, as kube-proxy's")
+		}
+		x.expectServed(t, x.u, p, x.vip("self-unnamed", f), x.c.Node.IP(f), x.u)
 	}},
 	{"ClusterIP/load-spread", func(t *testing.T, x *servicesFixture, f *family.Family, p Proto) {
 		seen := map[string]int{}

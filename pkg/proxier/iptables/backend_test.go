@@ -278,6 +278,12 @@ func TestRules(t *testing.T) {
 			`^-A DSPROXY-SVC-\S+ .*--probability 0\.5000000000 -j DSPROXY-SEP-\S+$`,
 			`^-A DSPROXY-SVC-\S+ .*-m recent --name DSPROXY-SEP-\S+ --set -j DNAT --to-destination 10\.64\.0\.2:8080$`},
 			avoid: []string{`-s 10\.64\.0\.2/32`, `^-A DSPROXY-SVC-.*DNAT --to-destination 10\.64\.0\.1:8080$`}},
+		{name: "an endpoint without a node name gets a chain: hairpin", f: family.IPv4, ps: func(f *family.Family) *model.PortState {
+			ps := port(f, "s", 1, 1, 2)
+			ps.Cluster[0].NoNodeName = true
+			return ps
+		}, want: []string{`^-A DSPROXY-SEP-\S+ .*-s 10\.64\.0\.1/32 -j DSPROXY-MARK-MASQ$`},
+			avoid: []string{`-s 10\.64\.0\.2/32`}},
 		{name: "no endpoints rejects, TCP with a reset", f: family.IPv4, ps: func(f *family.Family) *model.PortState { return port(f, "s", 1) },
 			want:  []string{`^-A DSPROXY-SERVICES .*-d 10\.96\.0\.1/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with tcp-reset$`},
 			avoid: []string{`-j DSPROXY-SVC-`}},

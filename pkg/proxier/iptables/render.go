@@ -129,7 +129,8 @@ func shapeOf(ps *model.PortState) shape {
 }
 
 // hairpinned reports whether ep has a chain of its own, which masquerades it
-// reaching itself: a local endpoint, and with short every cluster endpoint. A
+// reaching itself: a local endpoint (or one whose slice names no node, which
+// may be local), and with short every cluster endpoint. A
 // pod on another node is inside the cluster CIDR, so its connection to this
 // node's ETP Local NodePort (or an external address routed here) goes to the
 // cluster endpoints unmasqueraded; sent to itself it would answer itself
@@ -137,7 +138,7 @@ func shapeOf(ps *model.PortState) shape {
 // endpoint a chain; here ClusterIP traffic of remote pods, which only comes
 // here when routed without their own node's proxy, is left out: that would
 // triple the rules of every Service.
-func (s *shape) hairpinned(ep *model.Endpoint) bool { return ep.Local || s.short }
+func (s *shape) hairpinned(ep *model.Endpoint) bool { return ep.Local || ep.NoNodeName || s.short }
 
 // restricted reports whether source ranges limit anything (none, or one of length
 // 0, allow every source).

@@ -206,6 +206,15 @@ var behaviourCases = []behaviourCase{
 	{"hairpin: pod reaching itself is masqueraded", func(e *env) { e.put(svc(e.f, "self", 14, 80, tcp), ep(e.f, 1, 8080, true)) },
 		at(fromPod(1), func(f *family.Family) netip.AddrPort { return cip(f, 14, 80) }, tcp),
 		func(f *family.Family) outcome { return dnatTo(true, pod(f, 1, 8080)) }},
+	{"hairpin: an endpoint without a node name reaching itself is masqueraded", func(e *env) {
+		unnamed := ep(e.f, 1, 8080, false)
+		unnamed.NoNodeName = true
+		e.put(svc(e.f, "self", 14, 80, tcp), unnamed)
+	}, at(fromPod(1), func(f *family.Family) netip.AddrPort { return cip(f, 14, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, pod(f, 1, 8080)) }},
+	{"hairpin: a remote endpoint reaching itself through a ClusterIP is not masqueraded", func(e *env) { e.put(svc(e.f, "self", 14, 80, tcp), ep(e.f, 1, 8080, false)) },
+		at(fromPod(1), func(f *family.Family) netip.AddrPort { return cip(f, 14, 80) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(false, pod(f, 1, 8080)) }},
 	{"hairpin: remote pod short-circuited to itself is masqueraded", remoteOnly(etpLocal()),
 		at(fromRemotePod(2), func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
 		func(f *family.Family) outcome { return dnatTo(true, pod(f, 2, 8080)) }},

@@ -391,7 +391,7 @@ func (b *portBuilder) firewall(node *proxier.NodeConfig) {
 
 // hairpin writes into @hairpin the endpoints that a connection from the
 // endpoint itself may reach unmasqueraded: the local endpoints of the used lists
-// and, when a short-circuit kind uses the cluster list, its remote ones too. A
+// (and those whose slice names no node, which may be local) and, when a short-circuit kind uses the cluster list, its remote ones too. A
 // pod on another node is inside the cluster CIDR, so its connection to this
 // node's ETP Local NodePort (or an external address routed here) short-circuits
 // to the cluster endpoints unmasqueraded; sent to itself, it would answer itself
@@ -408,7 +408,7 @@ func (b *portBuilder) hairpin() {
 		}
 		remote := l == listCluster && b.short
 		for _, e := range eps {
-			if (e.Local || remote) && !seen[e.Addr] {
+			if (e.Local || e.NoNodeName || remote) && !seen[e.Addr] {
 				seen[e.Addr] = true
 				a := string(nft.AddrBytes(e.Addr))
 				b.add(fixedKey(setHairpin), a+a, "")
