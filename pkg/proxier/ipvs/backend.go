@@ -540,7 +540,8 @@ func (b *Backend) pruneDrained(res *proxier.SyncResult, only map[ipvs.Key]bool) 
 }
 
 // Flushed implements proxier.FlushDetector: the dummy link, an ipset or one of
-// the chains gone (a firewall reload empties every table) means someone removed
+// the chains gone (a firewall reload empties every table), or a virtual server,
+// address or ipset member written gone (drifted), means someone removed
 // dsproxy's state. It also deletes drained real servers whose connections ended,
 // since it runs on every periodic check.
 func (b *Backend) Flushed(ctx context.Context) bool {
@@ -561,6 +562,62 @@ func (b *Backend) Flushed(ctx context.Context) bool {
 	}
 	if len(b.addrs) > 0 {
 		if as, err := b.k.Addrs(); err == nil && len(as) == 0 {
+			return true
+		}
+	}
+	return b.drifted()
+}
+
+// drifted reports whether a virtual server, a bound address or an ipset member
+// the backend wrote is gone from the kernel (someone's ipvsadm -D or -C, ip addr
+// del, ipset del): kube-proxy's IPVS mode reconciles them at every sync, so the
+// periodic check notices them and asks for the full sync that repairs them. It
+// costs one dump of the family's virtual servers, one of the link's addresses
+// and one per ipset. A real server deleted by hand (one dump per virtual server
+// to see) waits for the hourly full sync. A failed read answers no: the full
+// sync reads the same and reports it.
+func (b *Backend) drifted() bool {
+	svcs, err := b.k.Services()
+	if err != nil {
+		return false
+	}
+	live := make(map[ipvs.Key]bool, len(svcs))
+	for _, s := range svcs {
+		live[s.Key] = true
+	}
+	for k := range b.have {
+		if !live[k] {
+			klog.V(2).InfoS("IPVS virtual server gone", "ipFamily", b.f.Name, "service", k.String())
+			return true
+		}
+	}
+	kmem := map[member]bool{}
+	for s := range numSets {
+		entries, _, err := b.k.Entries(setName(b.f, s))
+		if err != nil {
+			return false
+		}
+		for _, e := range entries {
+			kmem[member{s, e}] = true
+		}
+	}
+	for m, n := range b.members {
+		if n > 0 && !kmem[m] {
+			klog.V(2).InfoS("IPVS ipset member gone", "ipFamily", b.f.Name, "set", setName(b.f, m.set), "entry", m.e)
+			return true
+		}
+	}
+	addrs, err := b.k.Addrs()
+	if err != nil {
+		return false
+	}
+	bound := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		bound[a] = true
+	}
+	for a, n := range b.addrs {
+		if n > 0 && (!bound[a] || !kmem[member{setIPs, ipvs.Entry{IP: a}}]) {
+			klog.V(2).InfoS("IPVS service address gone", "ipFamily", b.f.Name, "address", a)
 			return true
 		}
 	}

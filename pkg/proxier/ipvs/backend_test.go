@@ -822,6 +822,75 @@ func TestFlushed(t *testing.T) {
 	if !b.Flushed(context.Background()) {
 		t.Fatal("emptied iptables tables went unnoticed")
 	}
+	b.r.(*fakeRunner).flushed = false
+}
+
+// TestFlushedDrift: what someone else's ipvsadm, ip or ipset deletes of
+// dsproxy's state is noticed by the periodic check (kube-proxy's IPVS mode
+// reconciles it at every sync), and the full sync that follows repairs it;
+// someone else's virtual server coming or going is not dsproxy's concern.
+func TestFlushedDrift(t *testing.T) {
+	for _, f := range family.All {
+		web := port(f, "web", 10, 1)
+		vip := web.ClusterIP
+		for _, tc := range []struct {
+			name   string
+			tamper func(k *fakeKernel)
+		}{
+			{"ipvsadm -D of the ClusterIP's virtual server", func(k *fakeKernel) {
+				for key := range k.svcs {
+					if key.Addr == vip {
+						delete(k.svcs, key)
+						delete(k.dests, key)
+					}
+				}
+			}},
+			{"ipvsadm -C", func(k *fakeKernel) { clear(k.svcs); clear(k.dests) }},
+			{"ip addr del of the ClusterIP", func(k *fakeKernel) { delete(k.addrs, vip) }},
+			{"ipset del of the ClusterIP's member", func(k *fakeKernel) {
+				for e := range k.sets[setName(f, setClusterIP)] {
+					if e.IP == vip {
+						delete(k.sets[setName(f, setClusterIP)], e)
+					}
+				}
+			}},
+		} {
+			k := newFake()
+			b := newBackend(f, k)
+			st := state(port(f, "web", 10, 1))
+			sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)})
+			want := k.dump()
+			if b.Flushed(context.Background()) {
+				t.Fatalf("%s: Flushed right after a full sync", f)
+			}
+			tc.tamper(k)
+			if slices.Equal(k.dump(), want) {
+				t.Fatalf("%s, %s: the tampering changed nothing", f, tc.name)
+			}
+			if !b.Flushed(context.Background()) {
+				t.Errorf("%s, %s: went unnoticed", f, tc.name)
+				continue
+			}
+			if res := sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)}); res.Repairs == 0 {
+				t.Errorf("%s, %s: the full sync counted no repair", f, tc.name)
+			}
+			if got := k.dump(); !slices.Equal(got, want) {
+				t.Errorf("%s, %s: after the full sync:\n%s\nwant\n%s", f, tc.name, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			if b.Flushed(context.Background()) {
+				t.Errorf("%s, %s: still flushed after the repair", f, tc.name)
+			}
+		}
+		// Another program's new virtual server is for the full sync to handle.
+		k := newFake()
+		b := newBackend(f, k)
+		sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 1)), Node: node(f)})
+		other := ipvs.Service{Key: ipvs.Key{Addr: port(f, "other", 99).ClusterIP, Proto: 6, Port: 80}}
+		k.svcs[other.Key] = other
+		if b.Flushed(context.Background()) {
+			t.Errorf("%s: another program's new virtual server read as drift", f)
+		}
+	}
 }
 
 // TestReservedNodePortsPartial: a change of the other family's reserved
