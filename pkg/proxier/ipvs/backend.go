@@ -591,15 +591,9 @@ func (b *Backend) drifted() bool {
 			return true
 		}
 	}
-	kmem := map[member]bool{}
-	for s := range numSets {
-		entries, _, err := b.k.Entries(setName(b.f, s))
-		if err != nil {
-			return false
-		}
-		for _, e := range entries {
-			kmem[member{s, e}] = true
-		}
+	kmem, err := b.kernelMembers()
+	if err != nil {
+		return false
 	}
 	for m, n := range b.members {
 		if n > 0 && !kmem[m] {
@@ -702,21 +696,30 @@ func (b *Backend) readVirtuals() (map[ipvs.Key]*virtual, error) {
 	return kernel, nil
 }
 
+// kernelMembers reads the members of every ipset of the family.
+func (b *Backend) kernelMembers() (map[member]bool, error) {
+	kmem := map[member]bool{}
+	for s := range numSets {
+		entries, _, err := b.k.Entries(setName(b.f, s))
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			kmem[member{s, e}] = true
+		}
+	}
+	return kmem, nil
+}
+
 // diffSets reads the kernel's ipset members and link addresses into ms and as
 // (present or not; the addresses, bound to the link and members of setIPs, go
 // together), for apply to change what differs from the wanted ones; differences
 // from the old counts are repairs when the kernel was synced before.
 func (b *Backend) diffSets(res *proxier.SyncResult, ms map[member]bool, as map[netip.Addr]bool,
 	wasSynced bool, oldMembers map[member]int, oldAddrs map[netip.Addr]int) error {
-	kmem := map[member]bool{}
-	for s := range numSets {
-		entries, _, err := b.k.Entries(setName(b.f, s))
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			kmem[member{s, e}] = true
-		}
+	kmem, err := b.kernelMembers()
+	if err != nil {
+		return err
 	}
 	addrs, err := b.k.Addrs()
 	if err != nil {
