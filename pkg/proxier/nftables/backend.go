@@ -112,9 +112,9 @@ var _ proxier.FlushDetector = (*Backend)(nil)
 // (verify), as is a base chain's hook. A failed dump is answered with a full
 // sync, as the iptables mode's canaries are: its rebuild fails at the same dump
 // if it persists, and the error is then reported and retried as any failed
-// sync's. The full sync after a change seen counts at least one repair. (Two dsproxy
-// processes at once, as during a surge rollout, delete each other's table at
-// each swap and so rebuild at every check.)
+// sync's. The full sync after a change seen counts at least one repair. (Two
+// dsproxy processes at once, as during a surge rollout, delete each other's
+// table at each swap and so rebuild at every check.)
 func (b *Backend) Flushed(ctx context.Context) bool {
 	if b.table == "" || b.c == nil {
 		return false // the next sync builds the table anyway

@@ -391,8 +391,9 @@ func (b *portBuilder) firewall(node *proxier.NodeConfig) {
 
 // hairpin writes into @hairpin the endpoints that a connection from the
 // endpoint itself may reach unmasqueraded: the local endpoints of the used lists
-// (and those whose slice names no node, which may be local) and, when a short-circuit kind uses the cluster list, its remote ones too. A
-// pod on another node is inside the cluster CIDR, so its connection to this
+// (and those whose slice names no node, which may be local) and, when a
+// short-circuit kind uses the cluster list, its remote ones too. A pod on
+// another node is inside the cluster CIDR, so its connection to this
 // node's ETP Local NodePort (or an external address routed here) short-circuits
 // to the cluster endpoints unmasqueraded; sent to itself, it would answer itself
 // directly and never see the reply it waits for. kube-proxy masquerades every
