@@ -61,18 +61,25 @@ func ServicePorts(f *family.Family, svc *v1.Service) (ports []*ServicePort, skip
 	}
 	hasNodePorts := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-	seen := make(map[ServicePortName]bool, len(svc.Spec.Ports))
+	// Of ports sharing a name and protocol (the API server refuses them) the last
+	// valid one is served, as kube-proxy's map of service ports keeps the last.
+	seen := make(map[ServicePortName]int, len(svc.Spec.Ports)) // name → index in ports and in spec.ports
+	at := make([]int, 0, len(svc.Spec.Ports))
 	for i := range svc.Spec.Ports {
 		sp, skip := servicePort(&base, nn, &svc.Spec.Ports[i], hasNodePorts, obj, i)
-		if skip == nil && seen[sp.Name] {
-			skip = skipf(obj, indexField("spec.ports", i, ""), "duplicate port name %q for %s", sp.Name.Port, sp.Protocol)
-		}
 		if skip != nil {
 			skips = append(skips, skip)
 			continue
 		}
-		seen[sp.Name] = true
+		if j, dup := seen[sp.Name]; dup {
+			skips = append(skips, skipf(obj, indexField("spec.ports", at[j], ""),
+				"duplicate port name %q for %s: spec.ports[%d] is served", sp.Name.Port, sp.Protocol, i))
+			ports[j], at[j] = sp, i
+			continue
+		}
+		seen[sp.Name] = len(ports)
 		ports = append(ports, sp)
+		at = append(at, i)
 	}
 	return ports, skips
 }
@@ -91,22 +98,28 @@ func skipService(svc *v1.Service) bool {
 
 // clusterIPOf returns the Service's ClusterIP of family f, or the zero Addr when it has
 // none. spec.clusterIPs is authoritative; spec.clusterIP is used when it is empty.
+// An entry that does not parse is reported only to a family that finds no address of
+// its own: as in kube-proxy, a bad entry of one family leaves the other served.
 func clusterIPOf(f *family.Family, svc *v1.Service, obj string) (netip.Addr, *SkipError) {
 	ips := svc.Spec.ClusterIPs
 	field := "spec.clusterIPs"
 	if len(ips) == 0 {
 		ips, field = []string{svc.Spec.ClusterIP}, "spec.clusterIP"
 	}
+	var bad *SkipError
 	for i, s := range ips {
 		a, ok := family.ParseIP(s)
 		if !ok {
-			return netip.Addr{}, skipf(obj, indexField(field, i, ""), "%q is not a valid IP address", s)
+			if bad == nil {
+				bad = skipf(obj, indexField(field, i, ""), "%q is not a valid IP address", s)
+			}
+			continue
 		}
 		if f.Contains(a) {
 			return a, nil
 		}
 	}
-	return netip.Addr{}, nil
+	return netip.Addr{}, bad
 }
 
 func servicePort(base *ServicePort, nn types.NamespacedName, p *v1.ServicePort, hasNodePorts bool, obj string, i int) (*ServicePort, *SkipError) {
@@ -133,11 +146,16 @@ func servicePort(base *ServicePort, nn types.NamespacedName, p *v1.ServicePort, 
 }
 
 // familyAddrs parses the addresses of family f among strs, sorted and deduplicated.
-// Addresses of the other family are silently left to it; invalid strings are reported.
+// Addresses of the other family are silently left to it, and so are blank strings;
+// other invalid strings, whitespace-padded addresses among them, are reported and
+// skipped, as kube-proxy skips them.
 func familyAddrs(f *family.Family, strs []string, obj, field string, skips []*SkipError) ([]netip.Addr, []*SkipError) {
 	var out []netip.Addr
 	for i, s := range strs {
-		a, ok := family.ParseIP(strings.TrimSpace(s))
+		if strings.TrimSpace(s) == "" {
+			continue
+		}
+		a, ok := family.ParseIP(s)
 		if !ok {
 			skips = append(skips, skipf(obj, indexField(field, i, ""), "%q is not a valid IP address", s))
 			continue

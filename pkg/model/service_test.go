@@ -196,7 +196,47 @@ func TestServicePorts(t *testing.T) {
 						v1.ServicePort{Name: "http", Port: 8080, Protocol: v1.ProtocolTCP})
 				})
 			},
-			want: want{ports: 1, skips: []string{"spec.ports[1].port", "spec.ports[2].port", `unsupported protocol "ICMP"`, "spec.ports[4].nodePort", "duplicate port name"}}},
+			want: want{ports: 1, skips: []string{"spec.ports[1].port", "spec.ports[2].port", `unsupported protocol "ICMP"`, "spec.ports[4].nodePort",
+				`spec.ports[0] skipped: duplicate port name "http" for TCP: spec.ports[5] is served`},
+				check: func(f *family.Family, sp *ServicePort) string {
+					if sp.Port != 8080 {
+						return "of two ports named http, the first is served (kube-proxy serves the last)"
+					}
+					return ""
+				}}},
+		{name: "a bad clusterIPs entry of the other family leaves this one served",
+			svc: func(f *family.Family) *v1.Service {
+				return svcFor(f, func(s *v1.Service) {
+					dualStack(s)
+					s.Spec.ClusterIPs[slices.Index(family.All, f.Other())] = "bogus"
+				})
+			},
+			want: want{ports: 1, check: func(f *family.Family, sp *ServicePort) string {
+				if sp.ClusterIP != testaddr.Svc(f, 10) {
+					return "ClusterIP " + sp.ClusterIP.String()
+				}
+				return ""
+			}}},
+		{name: "a bad clusterIPs entry of this family skips the Service in it",
+			svc: func(f *family.Family) *v1.Service {
+				return svcFor(f, func(s *v1.Service) {
+					dualStack(s)
+					s.Spec.ClusterIPs[slices.Index(family.All, f)] = "bogus"
+				})
+			},
+			want: want{ports: 0, skips: []string{`"bogus" is not a valid IP address`}}},
+		{name: "padded externalIPs skipped and reported, blank ones ignored",
+			svc: func(f *family.Family) *v1.Service {
+				return svcFor(f, func(s *v1.Service) {
+					s.Spec.ExternalIPs = []string{" " + testaddr.Ext(f, 9).String(), "", " ", testaddr.Ext(f, 8).String() + "\n"}
+				})
+			},
+			want: want{ports: 1, skips: []string{`spec.externalIPs[0] skipped: " `, `spec.externalIPs[3] skipped: "`}, check: func(f *family.Family, sp *ServicePort) string {
+				if len(sp.ExternalIPs) != 0 {
+					return "padded externalIPs served: " + addrsString(sp.ExternalIPs)
+				}
+				return ""
+			}}},
 		{name: "invalid ClusterIP skips the Service",
 			svc: func(f *family.Family) *v1.Service {
 				return svcFor(f, func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.0.0.300"} })
