@@ -18,6 +18,6 @@ cd "$root/test/netns"
 cd "$root/pkg/ipvs"
 "$bin/ipvs.test" -test.count=1 -test.v
 cd "$root/pkg/app"
-"$bin/app.test" -test.count=1 -test.v -test.run '^(TestCleanupOtherModeIPVS|TestCleanupKubeProxyIPVS|TestInitOnlyIPVS)$'
+"$bin/app.test" -test.count=1 -test.v -test.run '^(TestCleanupOtherModeIPVS|TestCleanupKubeProxyIPVS|TestInitOnlyIPVS|TestIPVSTimeouts)$'
 cd "$root/test/e2e"
 DSPROXY_E2E_BIN=$bin/dsproxy "$bin/e2e.test" -test.count=1 -test.v -test.run '^(TestIPVSMode|TestIPVSParity|TestIPVSTakeover)$' -test.timeout 45m

@@ -243,9 +243,7 @@ func (d *Daemon) newIPVSBackend(f *family.Family) (proxier.Backend, error) {
 		}
 		d.ipvsChecked = true
 	}
-	if err := k.SetTimeouts(d.cfg.IPVS.TCPTimeout, d.cfg.IPVS.TCPFinTimeout, d.cfg.IPVS.UDPTimeout); err != nil {
-		return nil, err
-	}
+	setIPVSTimeouts(k, d.cfg)
 	return ipvsbackend.New(f, k, r, ipvsbackend.Options{
 		Scheduler:     d.cfg.IPVS.Scheduler,
 		ExcludeCIDRs:  exclude,
@@ -253,6 +251,16 @@ func (d *Daemon) newIPVSBackend(f *family.Family) (proxier.Backend, error) {
 		StrictARP:     d.cfg.IPVS.StrictARP,
 		TCPBeLiberal:  d.tcpBeLiberal,
 	}), nil
+}
+
+// setIPVSTimeouts sets --ipvs-tcp-timeout, --ipvs-tcpfin-timeout and
+// --ipvs-udp-timeout. As in kube-proxy, a failure (the kernel refuses a timeout
+// over INT_MAX jiffies, about 99 days at HZ=250) is logged and the proxy runs on
+// with the kernel's timeouts.
+func setIPVSTimeouts(k *ipvs.Kernel, cfg *config.Config) {
+	if err := k.SetTimeouts(cfg.IPVS.TCPTimeout, cfg.IPVS.TCPFinTimeout, cfg.IPVS.UDPTimeout); err != nil {
+		klog.ErrorS(err, "Failed to configure IPVS timeouts")
+	}
 }
 
 // nfacct returns the iptables mode's nfacct client, shared by both families,

@@ -27,11 +27,13 @@ import (
 //     network namespace only the per-namespace ones (conntrackSysctls);
 //   - iptables mode, when IPv4 NodePorts answer on 127.0.0.1 (the default):
 //     net.ipv4.conf.all.route_localnet=1;
-//   - IPVS mode: loading IPVS, and its sysctls (with --ipvs-strict-arp the ARP
-//     ones).
+//   - IPVS mode: loading IPVS, its sysctls (with --ipvs-strict-arp the ARP
+//     ones) and its timeouts (--ipvs-*-timeout).
 //
 // A running dsproxy logs such failures and serves anyway; InitOnly returns them,
-// so an init container that cannot do its one job fails.
+// so an init container that cannot do its one job fails. The IPVS timeouts are
+// the exception, logged as kube-proxy's --init-only logs them: the proxy sets
+// them again when it starts.
 func InitOnly(cfg *config.Config) error {
 	var errs []error
 	if err := conntrackSysctls(cfg, conntrack.HostSysFS).Apply(conntrack.HostSysFS, conntrack.HostSysFS.NumCPU()); err != nil {
@@ -52,6 +54,7 @@ func InitOnly(cfg *config.Config) error {
 		if k, err := ipvs.Open(family.IPv4, "", true); err != nil { // loads the ip_vs modules
 			errs = append(errs, fmt.Errorf("ipvs mode: %w", err))
 		} else {
+			setIPVSTimeouts(k, cfg)
 			k.Close()
 			for _, s := range ipvsbackend.Sysctls(family.IPv4, cfg.IPVS.StrictARP) {
 				errs = append(errs, ipvs.SetSysctl(s[0], s[1]))

@@ -7,12 +7,15 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 
 	"github.com/dsproxy/dsproxy/internal/netnstest"
 	"github.com/dsproxy/dsproxy/pkg/config"
+	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/ipvs"
 )
 
 // readSysctl reads a sysctl of the calling thread's network namespace.
@@ -116,5 +119,67 @@ func TestInitOnlyIPVS(t *testing.T) {
 		if strings.Contains(rules, "DSIPVS") {
 			t.Errorf("--init-only programmed rules:\n%s", rules)
 		}
+	}
+}
+
+// TestIPVSTimeouts: --ipvs-*-timeout are set by --init-only and by the IPVS
+// backend's start. A timeout the kernel refuses (over INT_MAX jiffies) is logged
+// and changes nothing, as in kube-proxy: neither --init-only nor the start fails.
+func TestIPVSTimeouts(t *testing.T) {
+	netnstest.New(t)
+	netnstest.RequireIPVS(t)
+	type timeouts struct{ tcp, fin, udp time.Duration }
+	read := func(t *testing.T) timeouts {
+		k, err := ipvs.Open(family.IPv4, "", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer k.Close()
+		var got timeouts
+		if got.tcp, got.fin, got.udp, err = k.Timeouts(); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	set := []string{"--ipvs-tcp-timeout=123s", "--ipvs-tcpfin-timeout=45s", "--ipvs-udp-timeout=67s"}
+	refused := []string{"--ipvs-tcp-timeout=3000h", "--ipvs-udp-timeout=67s"}
+	for _, c := range []struct {
+		name string
+		run  func(t *testing.T, cfg *config.Config) error
+	}{
+		{"init-only", func(t *testing.T, cfg *config.Config) error { return InitOnly(cfg) }},
+		{"start", func(t *testing.T, cfg *config.Config) error {
+			d := &Daemon{cfg: cfg}
+			defer func() {
+				for _, c := range d.closers {
+					c()
+				}
+			}()
+			_, err := d.newIPVSBackend(family.IPv4)
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			inNewNetns(t, func(t *testing.T, _ vnetns.NsHandle) {
+				before := read(t)
+				for _, args := range [][]string{refused, set} {
+					cfg, err := config.Parse(append([]string{"--proxy-mode=ipvs"}, args...))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := c.run(t, cfg); err != nil {
+						t.Errorf("%v: %v", args, err)
+					}
+					got, want := read(t), timeouts{123 * time.Second, 45 * time.Second, 67 * time.Second}
+					if args[0] == refused[0] {
+						// The kernel takes all three or none.
+						want = before
+					}
+					if got != want {
+						t.Errorf("after %v: timeouts %+v, want %+v", args, got, want)
+					}
+				}
+			})
+		})
 	}
 }

@@ -163,6 +163,18 @@ func (k *Kernel) SetTimeouts(tcp, tcpFin, udp time.Duration) error {
 	return nil
 }
 
+// Timeouts returns IPVS's connection timeouts (ipvsadm -L --timeout).
+func (k *Kernel) Timeouts() (tcp, tcpFin, udp time.Duration, err error) {
+	if k.ipvs == nil {
+		return 0, 0, 0, errNoIPVS
+	}
+	c, err := k.ipvs.GetConfig()
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("ipvs: reading timeouts: %w", err)
+	}
+	return c.TimeoutTCP, c.TimeoutTCPFin, c.TimeoutUDP, nil
+}
+
 func (k *Kernel) af() uint16 { return uint16(k.f.NFProto) }
 
 func (k *Kernel) mipvsService(s Service) *mipvs.Service {
