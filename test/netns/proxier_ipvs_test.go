@@ -35,9 +35,9 @@ func (e *proxyNode) ipvsKernel(t *testing.T, f *family.Family) *ipvs.Kernel {
 // backend: a full sync on an untouched kernel repairs nothing; after someone
 // deletes a virtual server, unbinds a Service address or flushes an ipset,
 // traffic breaks and the next periodic check notices and resyncs (kube-proxy's
-// IPVS mode reconciles them at every sync); after someone deletes the nat
-// POSTROUTING jump, the next full sync repairs it; after a firewall reload or
-// the dummy link's deletion, the next periodic check does. Cleanup removes dsproxy's virtual servers, addresses, link, ipsets
+// IPVS mode reconciles them at every sync); so does it after someone deletes
+// the nat POSTROUTING jump, flushes the nat table, reloads the firewall or
+// deletes the dummy link. Cleanup removes dsproxy's virtual servers, addresses, link, ipsets
 // and chains in both families and leaves others' alone.
 func TestIPVSRepairAndCleanup(t *testing.T) {
 	e := newProxyNodeMode(t, modeIPVS)
@@ -92,29 +92,37 @@ func TestIPVSRepairAndCleanup(t *testing.T) {
 				e.fatalf(t, "ipset flush %s: %v %s", set, err, out)
 			}
 			e.expectRepair(t, f, "flushing "+set, false, brokenVIP, works)
-			// 4. Someone deletes the jump to the masquerading chain: NodePort
-			// replies no longer come back through the node.
-			if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "nat", "-D", "POSTROUTING", "-m", "comment", "--comment", "dsproxy ipvs", "-j", ipvsbackend.Prefix+"POSTROUTING"); err != nil {
-				e.fatalf(t, "deleting the POSTROUTING jump: %v %s", err, out)
-			}
-			e.expectRepair(t, f, "deleting the POSTROUTING jump", true, func(t *testing.T, f *family.Family, what string) {
+			unmasqueraded := func(t *testing.T, f *family.Family, what string) {
 				t.Helper()
 				if r, err := Dial(e.c.External, TCP, nodePort(f, TCP), pxDropWait); err == nil && r.ObservedSrc.Addr() == e.c.Node.IP(f) {
 					e.fatalf(t, "%s: the NodePort is still masqueraded (%v) after %s", f, r, what)
 				}
-			}, works)
-			// 5. A firewall reload empties the family's tables: the next periodic
+			}
+			// 4. Someone deletes the jump to the masquerading chain: NodePort
+			// replies no longer come back through the node. The periodic
+			// check reads the rules back (kube-proxy's IPVS mode writes them
+			// again at every sync).
+			if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "nat", "-D", "POSTROUTING", "-m", "comment", "--comment", "dsproxy ipvs", "-j", ipvsbackend.Prefix+"POSTROUTING"); err != nil {
+				e.fatalf(t, "deleting the POSTROUTING jump: %v %s", err, out)
+			}
+			e.expectRepair(t, f, "deleting the POSTROUTING jump", false, unmasqueraded, works)
+			// 5. Someone flushes dsproxy's masquerading chain, then every chain
+			// of the nat table: dsproxy's chains are still there, empty.
+			if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "nat", "-F", ipvsbackend.Prefix+"POSTROUTING"); err != nil {
+				e.fatalf(t, "flushing the masquerading chain: %v %s", err, out)
+			}
+			e.expectRepair(t, f, "flushing the masquerading chain", false, unmasqueraded, works)
+			if out, err := Exec(e.c.Node, f.IPTablesCommand, "-t", "nat", "-F"); err != nil {
+				e.fatalf(t, "flushing the nat table: %v %s", err, out)
+			}
+			e.expectRepair(t, f, "flushing the nat table", false, unmasqueraded, works)
+			// 6. A firewall reload empties the family's tables: the next periodic
 			// check notices the chains gone.
 			if out, err := ExecStdin(e.c.Node, strings.NewReader("*nat\nCOMMIT\n*filter\nCOMMIT\n"), f.IPTablesCommand+"-restore"); err != nil {
 				e.fatalf(t, "emptying the tables: %v %s", err, out)
 			}
-			e.expectRepair(t, f, "a firewall reload", false, func(t *testing.T, f *family.Family, what string) {
-				t.Helper()
-				if r, err := Dial(e.c.External, TCP, nodePort(f, TCP), pxDropWait); err == nil && r.ObservedSrc.Addr() == e.c.Node.IP(f) {
-					e.fatalf(t, "%s: the NodePort is still masqueraded (%v) after %s", f, r, what)
-				}
-			}, works)
-			// 6. Someone deletes the dummy link: the next periodic check notices.
+			e.expectRepair(t, f, "a firewall reload", false, unmasqueraded, works)
+			// 7. Someone deletes the dummy link: the next periodic check notices.
 			if out, err := Exec(e.c.Node, "ip", "link", "del", ipvs.LinkName); err != nil {
 				e.fatalf(t, "deleting %s: %v %s", ipvs.LinkName, err, out)
 			}

@@ -101,6 +101,11 @@ type Backend struct {
 	draining map[ipvs.Key]map[ipvs.Dest]bool
 	node     *proxier.NodeConfig
 	synced   bool
+	// rules are the family's iptables rules of dsproxy as iptables-save read them
+	// after the last setup (ourRules); nil when that read failed. rulesDrift: the
+	// periodic check found them changed, a repair for the next setup to count.
+	rules      []string
+	rulesDrift bool
 }
 
 var _ proxier.FlushDetector = (*Backend)(nil)
@@ -126,6 +131,7 @@ func (b *Backend) reset() {
 	b.members, b.addrs, b.have = map[member]int{}, map[netip.Addr]int{}, map[ipvs.Key]*virtual{}
 	b.draining = map[ipvs.Key]map[ipvs.Dest]bool{}
 	b.synced = false
+	b.rules = nil
 }
 
 // account adds (n = 1) or removes (n = -1) the contributions o of the service
@@ -550,10 +556,8 @@ func (b *Backend) Flushed(ctx context.Context) bool {
 	}
 	var res proxier.SyncResult
 	b.pruneDrained(&res, nil)
-	for _, c := range [][2]string{{"nat", chainServices}, {"filter", chainInput}} {
-		if ok, err := b.r.ChainExists(c[0], c[1]); err == nil && !ok {
-			return true
-		}
+	if b.rulesChanged(ctx) {
+		return true
 	}
 	for s := range numSets {
 		if _, ok, err := b.k.Entries(setName(b.f, s)); err == nil && !ok {
@@ -858,6 +862,7 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 		return err
 	}
 	res.Transactions++
+	repairs := res.Repairs
 	for _, j := range jumps {
 		added, err := b.r.EnsureRule(j[0], j[1], "-m", "comment", "--comment", "dsproxy ipvs", "-j", j[2])
 		if err != nil {
@@ -867,7 +872,64 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 			res.Repairs++
 		}
 	}
+	if b.rulesDrift && wasSynced && res.Repairs == repairs {
+		res.Repairs++ // a chain's rules, rewritten by the restore
+	}
+	b.rules, b.rulesDrift = nil, false
+	if save, err := b.r.Save(ctx, ""); err == nil {
+		b.rules = ourRules(save)
+	} else {
+		klog.V(2).InfoS("Reading back the IPVS mode's iptables rules", "ipFamily", b.f.Name, "err", err)
+	}
 	return nil
+}
+
+// rulesChanged reports whether dsproxy's iptables rules differ from those the
+// last setup wrote: a jump deleted from a built-in chain, a chain flushed,
+// deleted or edited (iptables -D, iptables -F, a firewall reload). kube-proxy's
+// IPVS mode writes them again at every sync; here the periodic check reads them
+// (one iptables-save) and asks for the full sync that does. When the setup could
+// not read them back, only the two chains' presence is checked. A failed read
+// answers no: the full sync reads the same and reports it.
+func (b *Backend) rulesChanged(ctx context.Context) bool {
+	if b.rules == nil {
+		for _, c := range [][2]string{{"nat", chainServices}, {"filter", chainInput}} {
+			if ok, err := b.r.ChainExists(c[0], c[1]); err == nil && !ok {
+				return true
+			}
+		}
+		return false
+	}
+	save, err := b.r.Save(ctx, "")
+	if err != nil {
+		return false
+	}
+	if now := ourRules(save); !slices.Equal(now, b.rules) {
+		klog.V(2).InfoS("The IPVS mode's iptables rules changed", "ipFamily", b.f.Name, "rules", len(now), "written", len(b.rules))
+		b.rulesDrift = true
+		return true
+	}
+	return false
+}
+
+// ourRules returns, from an iptables-save of every table, dsproxy's chains and
+// the rules that name them (its chains' rules and the jumps to them), each line
+// prefixed with its table, in save order; chain lines without their counters.
+func ourRules(save string) []string {
+	var out []string
+	table := ""
+	for line := range strings.SplitSeq(save, "\n") {
+		switch {
+		case strings.HasPrefix(line, "*"):
+			table = line[1:]
+		case strings.HasPrefix(line, ":"+Prefix):
+			name, _, _ := strings.Cut(line, " ")
+			out = append(out, table+" "+name)
+		case strings.HasPrefix(line, "-A ") && strings.Contains(line, Prefix):
+			out = append(out, table+" "+line)
+		}
+	}
+	return out
 }
 
 // UnbindAddrs removes the family's Service addresses from the dummy link and

@@ -256,7 +256,22 @@ func (r *fakeRunner) Restore(_ context.Context, data []byte) error {
 	}
 	return nil
 }
-func (r *fakeRunner) Save(context.Context, string) (string, error) { return "", nil }
+
+// Save answers what the last restore wrote, and the jumps, in iptables-save's
+// form; nothing when flushed.
+func (r *fakeRunner) Save(context.Context, string) (string, error) {
+	if r.flushed || len(r.restored) == 0 {
+		return "", nil
+	}
+	var b strings.Builder
+	b.WriteString(r.restored[len(r.restored)-1])
+	for _, k := range slices.Sorted(maps.Keys(r.jumps)) {
+		table, rest, _ := strings.Cut(k, " ")
+		chain, rule, _ := strings.Cut(rest, " ")
+		fmt.Fprintf(&b, "*%s\n-A %s %s\nCOMMIT\n", table, chain, rule)
+	}
+	return b.String(), nil
+}
 func (r *fakeRunner) EnsureRule(table, chain string, rule ...string) (bool, error) {
 	if r.jumps == nil {
 		r.jumps = map[string]bool{}
@@ -818,11 +833,52 @@ func TestFlushed(t *testing.T) {
 		t.Fatal("a deleted dummy link went unnoticed")
 	}
 	sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 1)), Node: node(f)})
-	b.r.(*fakeRunner).flushed = true
+	r := b.r.(*fakeRunner)
+	r.flushed = true
 	if !b.Flushed(context.Background()) {
 		t.Fatal("emptied iptables tables went unnoticed")
 	}
-	b.r.(*fakeRunner).flushed = false
+	r.flushed = false
+	// iptables -D of a jump, and a chain's rule deleted or edited: kube-proxy's
+	// IPVS mode writes its rules again at every sync.
+	for _, tc := range []struct {
+		name   string
+		repair bool // the full sync counts a repair
+		tamper func()
+	}{
+		{"iptables -D of the nat OUTPUT jump", true, func() {
+			for k := range r.jumps {
+				if strings.HasPrefix(k, "nat OUTPUT ") {
+					delete(r.jumps, k)
+				}
+			}
+		}},
+		{"iptables -F of a chain", true, func() {
+			last := &r.restored[len(r.restored)-1]
+			*last = strings.Join(slices.DeleteFunc(strings.Split(*last, "\n"), func(l string) bool {
+				return strings.HasPrefix(l, "-A "+chainPostrouting+" ")
+			}), "\n")
+		}},
+	} {
+		sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 1)), Node: node(f)})
+		if b.Flushed(context.Background()) {
+			t.Fatalf("%s: Flushed right after a full sync", tc.name)
+		}
+		before, _ := r.Save(context.Background(), "")
+		tc.tamper()
+		if after, _ := r.Save(context.Background(), ""); after == before {
+			t.Fatalf("%s: the tampering changed nothing", tc.name)
+		}
+		if !b.Flushed(context.Background()) {
+			t.Errorf("%s went unnoticed", tc.name)
+		}
+		if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(port(f, "web", 10, 1)), Node: node(f)}); tc.repair && res.Repairs == 0 {
+			t.Errorf("%s: the full sync counted no repair", tc.name)
+		}
+		if b.Flushed(context.Background()) {
+			t.Errorf("%s: still flushed after the full sync", tc.name)
+		}
+	}
 }
 
 // TestFlushedDrift: what someone else's ipvsadm, ip or ipset deletes of
