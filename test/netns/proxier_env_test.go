@@ -84,7 +84,8 @@ type svcSpec struct {
 	// nodePort is the TCP NodePort; UDP gets nodePort+1 and SCTP nodePort+2.
 	nodePort     int32
 	etpLocal     bool
-	extIP, lbIP  int // testaddr.Ext indexes of an ExternalIP / a LoadBalancer VIP, 0 for none
+	extIP, lbIP  int  // testaddr.Ext indexes of an ExternalIP / a LoadBalancer VIP, 0 for none
+	extNodeIP    bool // the node's IP is an ExternalIP
 	sourceRanges []string
 	affinity     bool
 	eps          []*NS // endpoints; pods of the remote node are not local
@@ -426,6 +427,9 @@ func (e *proxyNode) service(s svcSpec) *v1.Service {
 		svc.Spec.IPFamilies = append(svc.Spec.IPFamilies, f.IPFamily)
 		if s.extIP != 0 {
 			svc.Spec.ExternalIPs = append(svc.Spec.ExternalIPs, testaddr.Ext(f, s.extIP).String())
+		}
+		if s.extNodeIP {
+			svc.Spec.ExternalIPs = append(svc.Spec.ExternalIPs, e.c.Node.IP(f).String())
 		}
 		if s.lbIP != 0 {
 			svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: testaddr.Ext(f, s.lbIP).String()})

@@ -57,6 +57,10 @@ func newServicesFixture(t *testing.T, mode string) *servicesFixture {
 		// Single-stack NodePort Services: their NodePorts are reserved on the other family.
 		{name: "v4only", n: 18, fams: v4, typ: v1.ServiceTypeNodePort, nodePort: 30080, eps: []*NS{x.a}},
 		{name: "v6only", n: 19, fams: v6, typ: v1.ServiceTypeNodePort, nodePort: 30090, eps: []*NS{x.b}},
+		// An ExternalIP that is the node's IP, at the port (TCP) that an ETP Local
+		// Service has for NodePort.
+		{name: "ext-at-node", n: 21, extNodeIP: true, eps: []*NS{x.b, x.cc}},
+		{name: "np-at-80", n: 22, typ: v1.ServiceTypeNodePort, nodePort: pxSvcPort, etpLocal: true, eps: []*NS{x.a, x.r}},
 	}
 	for _, s := range specs {
 		x.svc[s.name] = s
@@ -155,6 +159,24 @@ var proxierScenarios = []struct {
 	}},
 	{"ExternalIP/from-external", func(t *testing.T, x *servicesFixture, f *family.Family, p Proto) {
 		x.expectServed(t, x.c.External, p, netip.AddrPortFrom(testaddr.Ext(f, 1), pxSvcPort), x.c.Node.IP(f), x.a, x.b)
+	}},
+	{"ExternalIP/node-IP-at-another-NodePort", func(t *testing.T, x *servicesFixture, f *family.Family, p Proto) {
+		// As in kube-proxy, whose ExternalIPs come before its NodePorts: the
+		// ExternalIP's Service serves it, from outside, from local pods (which
+		// the NodePort's ETP Local would short-circuit) and from the node.
+		if p != TCP {
+			t.Skip("only the TCP NodePort is at the ExternalIP's port")
+		}
+		if x.mode == modeIPVS {
+			t.Skip("IPVS has one virtual server for both; kube-proxy's IPVS mode gives it to either")
+		}
+		dst := netip.AddrPortFrom(x.c.Node.IP(f), pxSvcPort)
+		if got := x.svc["np-at-80"].nodePortOf(p); got != dst.Port() {
+			x.fatalf(t, "np-at-80's NodePort is %d, want %d", got, dst.Port())
+		}
+		x.expectServed(t, x.c.External, p, dst, x.c.Node.IP(f), x.b, x.cc)
+		x.expectServed(t, x.client, p, dst, x.c.Node.IP(f), x.b, x.cc)
+		x.expectServed(t, x.c.Node, p, dst, x.c.Node.IP(f), x.b, x.cc)
 	}},
 	{"LoadBalancer/allowed-source", func(t *testing.T, x *servicesFixture, f *family.Family, p Proto) {
 		x.expectServed(t, x.c.External, p, netip.AddrPortFrom(testaddr.Ext(f, 2), pxSvcPort), x.c.Node.IP(f), x.a, x.b)

@@ -107,6 +107,28 @@ func clusterIPAsExternalIP() func(e *env) {
 	}
 }
 
+// externalIPAtNodePort: Service "a" (pods 1 and 2, remote, or none when !aEps)
+// whose ExternalIP is the node IP, on port 30080, and Service "b" (pods 11 and
+// 12 on 8080; ETP Local when bLocal, pod 11 on this node) whose NodePort is
+// 30080.
+func externalIPAtNodePort(aEps, bLocal bool, aOpts ...svcOpt) func(e *env) {
+	return func(e *env) {
+		opts := append([]svcOpt{func(f *family.Family, sp *model.ServicePort) {
+			sp.ExternalIPs = append(sp.ExternalIPs, testaddr.Node(f, 1))
+		}}, aOpts...)
+		var eps []model.Endpoint
+		if aEps {
+			eps = []model.Endpoint{ep(e.f, 1, 8080, false), ep(e.f, 2, 8080, false)}
+		}
+		e.put(svc(e.f, "a", 20, 30080, tcp, opts...), eps...)
+		bOpts := []svcOpt{nodePort(30080)}
+		if bLocal {
+			bOpts = append(bOpts, etpLocal())
+		}
+		e.put(svc(e.f, "b", 21, 80, tcp, bOpts...), ep(e.f, 11, 8080, bLocal), ep(e.f, 12, 8080, false))
+	}
+}
+
 func both(f *family.Family) []netip.AddrPort {
 	return []netip.AddrPort{pod(f, 1, 8080), pod(f, 2, 8080)}
 }
@@ -249,6 +271,25 @@ var behaviourCases = []behaviourCase{
 		func(f *family.Family) outcome { return dnatTo(false, pod(f, 1, 8080), pod(f, 2, 8080)) }},
 	{"ExternalIP equal to another Service's ClusterIP: the ClusterIP's", clusterIPAsExternalIP(), at(fromPod(5), func(f *family.Family) netip.AddrPort { return cip(f, 21, 80) }, tcp),
 		func(f *family.Family) outcome { return dnatTo(false, pod(f, 1, 8080)) }},
+	// An ExternalIP equal to a node IP, at a port that is another Service's
+	// NodePort: as in kube-proxy, whose @service-ips comes before the NodePorts,
+	// the ExternalIP's Service serves it (when it has endpoints), from
+	// everywhere, and drops there when ETP Local finds no local endpoint.
+	{"ExternalIP at another Service's NodePort: outside traffic to the ExternalIP's", externalIPAtNodePort(true, true),
+		at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"ExternalIP at another Service's ETP Local NodePort: local pods to the ExternalIP's", externalIPAtNodePort(true, true),
+		at(fromPod(5), func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"ExternalIP at another Service's ETP Local NodePort: the node to the ExternalIP's", externalIPAtNodePort(true, true),
+		at(fromNode, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, both(f)...) }},
+	{"ETP Local ExternalIP without local endpoints at another Service's NodePort: dropped", externalIPAtNodePort(true, false, etpLocal()),
+		at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dropped() }},
+	{"ExternalIP without endpoints at another Service's NodePort: the NodePort's", externalIPAtNodePort(false, false),
+		at(fromClient, func(f *family.Family) netip.AddrPort { return nodeAP(f, 30080) }, tcp),
+		func(f *family.Family) outcome { return dnatTo(true, pod(f, 11, 8080), pod(f, 12, 8080)) }},
 	{"other traffic is untouched", twoRemote(), at(fromPod(5), func(f *family.Family) netip.AddrPort { return ext(f, 50, 443) }, tcp),
 		func(f *family.Family) outcome { return outcome{verdict: nft.Accept} }},
 }

@@ -162,7 +162,7 @@ func (x exprs) regularChains(in chainInputs) []*nft.Chain {
 	}
 	ext := byChain[chainExternalLB]
 	if len(byChain[chainNodePortLB]) > 0 {
-		ext = append(ext, nft.Rule{Exprs: append(nodePortMatch(x, matchAll), jump(chainNodePortLB)), Comment: "nodeports"})
+		ext = append(ext, nft.Rule{Exprs: append(x.nodePortOnly(matchAll), jump(chainNodePortLB)), Comment: "nodeports"})
 	}
 	return append(out, []*nft.Chain{
 		{Name: chainClusterIPLB, Rules: byChain[chainClusterIPLB]},
@@ -211,6 +211,18 @@ func (x exprs) servicesRules(node *proxier.NodeConfig, shortPod, shortNode, exte
 	return out
 }
 
+// nodePortOnly matches packets to a NodePort address that are not to an
+// ExternalIP or load-balancer IP (of a port with endpoints) at that port: as in
+// kube-proxy, where @service-ips is looked up before the NodePorts, an ExternalIP
+// equal to a node IP serves its own Service at another Service's NodePort, from
+// everywhere, and an ETP Local one without local endpoints drops there.
+//
+//	<NodePort address test> ip daddr . meta l4proto . th dport != @external-frontends
+func (x exprs) nodePortOnly(matchAll bool) []expr.Any {
+	e := append(nodePortMatch(x, matchAll), x.vipKey(r8)...)
+	return append(e, &expr.Lookup{SourceRegister: r8, SetName: fixedSetNames[setExternalFrontends], Invert: true})
+}
+
 // dispatchRule sends a packet of kind k in chain use to its group's chain:
 //
 //	[NodePort address test] meta mark set <key> map @<kind>-groups
@@ -227,7 +239,7 @@ func (x exprs) dispatchRule(k kind, use string, npCheck, npMatchAll bool) nft.Ru
 	ki := kinds[k]
 	var e []expr.Any
 	if ki.nodePort && npCheck {
-		e = nodePortMatch(x, npMatchAll)
+		e = x.nodePortOnly(npMatchAll)
 	}
 	load, kl := x.frontendKey(k)
 	saved, id, key := r8+kl, r8+kl+1, r8+kl+2

@@ -32,6 +32,7 @@ package nftables
 //	  map nodeport-affinity  { saddr . nodeport : mark (index); flags dynamic,timeout; size 65535 }
 //	  set cluster-ips, nodeport-ips { type ipv4_addr }
 //	  set no-endpoint-services, no-local-endpoint-services, firewall-ips { addr . proto . port }
+//	  set external-frontends { addr . proto . port }  # ExternalIPs and LB VIPs of ports with endpoints anywhere
 //	  set no-endpoint-nodeports, no-local-endpoint-nodeports, reserved-nodeports { proto . port }
 //	  set fw-allow-L     { addr . proto . port . ipv4_addr }  # VIP . (saddr & /L)
 //	  set hairpin        { ipv4_addr . ipv4_addr }            # endpoint . itself: local ones, and remote ones short-circuits pick
@@ -68,7 +69,7 @@ package nftables
 //	  chain external-lb {
 //	    <ext dispatch: @ext-groups, vmap @external-lb-groups>
 //	    <ext-local dispatch: @ext-local-groups, vmap @external-lb-groups>
-//	    <nodeport addr> jump nodeport-lb
+//	    <nodeport addr> ip daddr . meta l4proto . th dport != @external-frontends jump nodeport-lb
 //	  }
 //	  chain external-lb-ext-N       { meta mark set mark | 0x4000 dnat to ip daddr . meta l4proto . th dport . numgen random mod N map @endpoints }
 //	  chain external-lb-ext-local-N { dnat to ... numgen random mod N map @endpoints }
@@ -100,7 +101,11 @@ package nftables
 //	  # (kube-proxy's nftables.masqueradeBit, or iptables.masqueradeBit when the
 //	  # mode was left empty; 14 by default).
 //	  # <nodeport addr> is "fib daddr type local ip daddr & 255.0.0.0 != 127.0.0.0", or
-//	  # "ip daddr @nodeport-ips" when NodePort addresses are listed.
+//	  # "ip daddr @nodeport-ips" when NodePort addresses are listed. The NodePort
+//	  # dispatch (here and np-short's in the short-circuit chains) skips
+//	  # @external-frontends: an ExternalIP or VIP that is a node address, at another
+//	  # Service's NodePort, is its own Service's, as kube-proxy's @service-ips is
+//	  # looked up before its NodePorts.
 //
 //	  chain masquerading {
 //	    meta mark & 0x4000 != 0 meta mark set mark & ~0x4000 masquerade fully-random

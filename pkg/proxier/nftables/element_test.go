@@ -131,7 +131,7 @@ func TestExternalElementsBounded(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			served := maxExternalElements / (nEps + 1) // its list and its dispatch element
+			served := maxExternalElements / (nEps + 2) // its list, its dispatch element and its @external-frontends element
 			if want := (served + 1) * nEps; len(els) != want {
 				t.Errorf("@endpoints holds %d elements, want %d (%d external addresses and the ClusterIP, %d endpoints each)", len(els), want, served, nEps)
 			}
@@ -151,7 +151,7 @@ func TestExternalElementsBounded(t *testing.T) {
 			for i := 0; i < nEps; i += 2 {
 				locals = append(locals, pod(f, i+1, 8080))
 			}
-			served = maxExternalElements / (2 * (nEps + 1))
+			served = maxExternalElements / (2*(nEps+1) + 1)
 			e.check(client(ap(exts[served-1], 80)), dnatTo(false, locals...))
 			e.check(client(ap(exts[served], 80)), rejected(true))
 		})
@@ -165,7 +165,7 @@ func TestExternalElementsBounded(t *testing.T) {
 			sp.SourceRanges = append(sp.SourceRanges, netip.PrefixFrom(testaddr.Node(f, 1), f.BitLen-8).Masked())
 			e.put(sp, ep(f, 1, 8080, false))
 			e.sync(true)
-			per := 2 + 1 + len(sp.SourceRanges) + len(vips)
+			per := 3 + 1 + len(sp.SourceRanges) + len(vips)
 			served := maxExternalElements / per
 			n := 0
 			for _, set := range []string{"fw-allow-32", "fw-allow-24", "fw-allow-128", "fw-allow-120", "fw-allow-112"} {

@@ -282,6 +282,14 @@ func (b *portBuilder) external() {
 	keys := b.externalKeys()
 	served := b.boundExternal(keys)
 	np := npKeyBytes(b.proto, ps.NodePort)
+	if ps.HasAny {
+		// As kube-proxy's @service-ips, which holds them when the port has
+		// endpoints anywhere: such an address at a NodePort's port is this
+		// port's, not the NodePort's, even when it is a node address.
+		for _, k := range keys {
+			b.add(fixedKey(setExternalFrontends), k, "")
+		}
+	}
 	if len(ps.ExternalEndpoints()) > 0 {
 		ek, nk := kindExt, kindNP
 		if ps.ExternalPolicyLocal {
@@ -334,6 +342,7 @@ func (b *portBuilder) boundExternal(keys []string) []string {
 	if ps.ExternalPolicyLocal {
 		per *= 2 // the local list and the short-circuit's cluster list
 	}
+	per++ // its @external-frontends element
 	if len(ps.LoadBalancerVIPs) > 0 && len(ps.SourceRanges) > 0 {
 		per += 1 + len(ps.SourceRanges) + len(ps.LoadBalancerVIPs)
 	}

@@ -45,6 +45,7 @@ const (
 	setReservedNodePorts
 	setFirewallIPs
 	setHairpin
+	setExternalFrontends
 	// setKindGroups + k is the dispatch map of kind k: frontend key → group id.
 	setKindGroups
 	numFixedSets = setKindGroups + fixedSet(numKinds)
@@ -64,6 +65,7 @@ var fixedSetNames = [numFixedSets]string{
 	setReservedNodePorts:        "reserved-nodeports",
 	setFirewallIPs:              "firewall-ips",
 	setHairpin:                  "hairpin",
+	setExternalFrontends:        "external-frontends",
 }
 
 func init() {
