@@ -374,6 +374,28 @@ func (e *proxyNode) expectRepair(t *testing.T, f *family.Family, what string, fu
 	if res := e.syncFamily(f, true); res.Repairs != 0 {
 		e.fatalf(t, "%s: full sync after repairing %s: %d repairs", f, what, res.Repairs)
 	}
+	var fd proxier.FlushDetector
+	switch pf := e.fam[f]; {
+	case pf.b != nil:
+		fd = pf.b
+	case pf.vb != nil:
+		fd = pf.vb
+	case pf.ib != nil:
+		fd = pf.ib
+	}
+	if fd != nil && e.flushed(t, fd) {
+		e.fatalf(t, "%s: after repairing %s, the periodic check still wants a full sync", f, what)
+	}
+}
+
+// flushed runs fd's periodic check in the node's namespace.
+func (e *proxyNode) flushed(t *testing.T, fd proxier.FlushDetector) bool {
+	t.Helper()
+	var out bool
+	if err := RunIn(e.c.Node, func() error { out = fd.Flushed(context.Background()); return nil }); err != nil {
+		e.fatalf(t, "in the node: %v", err)
+	}
+	return out
 }
 
 // sync runs one sync of both families and returns their results.
