@@ -659,7 +659,10 @@ func bytesOf(s string) []byte {
 }
 
 func (c *cache) sortedSetKeys() []setKey {
-	keys := slices.Collect(maps.Keys(c.sets))
+	keys := make([]setKey, 0, len(c.sets))
+	for k := range c.sets {
+		keys = append(keys, k)
+	}
 	slices.SortFunc(keys, func(a, b setKey) int { return strings.Compare(a.name(), b.name()) })
 	return keys
 }
