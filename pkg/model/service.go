@@ -172,14 +172,15 @@ func loadBalancerVIPs(f *family.Family, svc *v1.Service, obj string, skips []*Sk
 	if svc.Spec.Type != v1.ServiceTypeLoadBalancer {
 		return nil, skips
 	}
-	var strs []string
-	for _, ing := range svc.Status.LoadBalancer.Ingress {
+	// strs keeps the ingress indexes, for the skips: an entry not programmed
+	// is blank, which familyAddrs passes over.
+	strs := make([]string, len(svc.Status.LoadBalancer.Ingress))
+	for i, ing := range svc.Status.LoadBalancer.Ingress {
 		// ipMode Proxy means the load balancer delivers traffic to the node with the
 		// node's address as destination; programming the VIP would short-circuit it.
-		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode != v1.LoadBalancerIPModeVIP) {
-			continue
+		if ing.IPMode == nil || *ing.IPMode == v1.LoadBalancerIPModeVIP {
+			strs[i] = ing.IP
 		}
-		strs = append(strs, ing.IP)
 	}
 	return familyAddrs(f, strs, obj, "status.loadBalancer.ingress", skips)
 }

@@ -225,6 +225,24 @@ func TestServicePorts(t *testing.T) {
 				})
 			},
 			want: want{ports: 0, skips: []string{`"bogus" is not a valid IP address`}}},
+		{name: "a bad ingress IP is reported at its index",
+			svc: func(f *family.Family) *v1.Service {
+				return svcFor(f, func(s *v1.Service) {
+					s.Spec.Type = v1.ServiceTypeLoadBalancer
+					s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{
+						{Hostname: "lb.example"},
+						{IP: testaddr.Ext(f, 7).String(), IPMode: ptr.To(v1.LoadBalancerIPModeProxy)},
+						{IP: "bogus"},
+						{IP: testaddr.Ext(f, 8).String()},
+					}
+				})
+			},
+			want: want{ports: 1, skips: []string{`status.loadBalancer.ingress[2] skipped: "bogus"`}, check: func(f *family.Family, sp *ServicePort) string {
+				if len(sp.LoadBalancerVIPs) != 1 || sp.LoadBalancerVIPs[0] != testaddr.Ext(f, 8) {
+					return "VIPs " + addrsString(sp.LoadBalancerVIPs)
+				}
+				return ""
+			}}},
 		{name: "padded externalIPs skipped and reported, blank ones ignored",
 			svc: func(f *family.Family) *v1.Service {
 				return svcFor(f, func(s *v1.Service) {
