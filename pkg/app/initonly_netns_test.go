@@ -142,7 +142,8 @@ func TestIPVSTimeouts(t *testing.T) {
 		return got
 	}
 	set := []string{"--ipvs-tcp-timeout=123s", "--ipvs-tcpfin-timeout=45s", "--ipvs-udp-timeout=67s"}
-	refused := []string{"--ipvs-tcp-timeout=3000h", "--ipvs-udp-timeout=67s"}
+	// 7000h is over INT_MAX jiffies at every HZ from 100 up.
+	refused := []string{"--ipvs-tcp-timeout=7000h", "--ipvs-udp-timeout=67s"}
 	for _, c := range []struct {
 		name string
 		run  func(t *testing.T, cfg *config.Config) error

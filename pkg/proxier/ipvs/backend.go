@@ -889,19 +889,20 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 // deleted or edited (iptables -D, iptables -F, a firewall reload). kube-proxy's
 // IPVS mode writes them again at every sync; here the periodic check reads them
 // (one iptables-save) and asks for the full sync that does. When the setup could
-// not read them back, only the two chains' presence is checked. A failed read
-// answers no: the full sync reads the same and reports it.
+// not read them back, or this read fails, only the two chains' presence is
+// checked; a failed check answers no: the full sync reads the same and reports it.
 func (b *Backend) rulesChanged(ctx context.Context) bool {
-	if b.rules == nil {
+	var save string
+	err := errors.New("not read back at setup")
+	if b.rules != nil {
+		save, err = b.r.Save(ctx, "")
+	}
+	if err != nil {
 		for _, c := range [][2]string{{"nat", chainServices}, {"filter", chainInput}} {
 			if ok, err := b.r.ChainExists(c[0], c[1]); err == nil && !ok {
 				return true
 			}
 		}
-		return false
-	}
-	save, err := b.r.Save(ctx, "")
-	if err != nil {
 		return false
 	}
 	if now := ourRules(save); !slices.Equal(now, b.rules) {

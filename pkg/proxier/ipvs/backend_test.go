@@ -241,6 +241,8 @@ type fakeRunner struct {
 	jumps    map[string]bool
 	// flushed makes ChainExists say no (a firewall reload).
 	flushed bool
+	// saveErr makes Save fail.
+	saveErr error
 	// observe, when set, runs after every restore.
 	observe func()
 }
@@ -260,6 +262,9 @@ func (r *fakeRunner) Restore(_ context.Context, data []byte) error {
 // Save answers what the last restore wrote, and the jumps, in iptables-save's
 // form; nothing when flushed.
 func (r *fakeRunner) Save(context.Context, string) (string, error) {
+	if r.saveErr != nil {
+		return "", r.saveErr
+	}
 	if r.flushed || len(r.restored) == 0 {
 		return "", nil
 	}
@@ -838,7 +843,16 @@ func TestFlushed(t *testing.T) {
 	if !b.Flushed(context.Background()) {
 		t.Fatal("emptied iptables tables went unnoticed")
 	}
+	// When iptables-save fails, the chains' presence is still checked.
+	r.saveErr = errors.New("iptables-save: killed")
+	if !b.Flushed(context.Background()) {
+		t.Fatal("emptied iptables tables went unnoticed while iptables-save fails")
+	}
 	r.flushed = false
+	if b.Flushed(context.Background()) {
+		t.Fatal("Flushed with the chains there while iptables-save fails")
+	}
+	r.saveErr = nil
 	// iptables -D of a jump, and a chain's rule deleted or edited: kube-proxy's
 	// IPVS mode writes its rules again at every sync.
 	for _, tc := range []struct {

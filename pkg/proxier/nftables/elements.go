@@ -332,10 +332,11 @@ const maxExternalElements = 100000
 // b.unserved to the others: all of them, or, when the elements of all could
 // pass maxExternalElements, as many (in key order, at least one) as fit,
 // logging the others. The count per address is its endpoint lists, dispatch
-// elements and firewall elements, with every endpoint of the port counted
-// (ps.Endpoints), whatever this node chooses, so every node serves the same
-// addresses; the cut-off moves with that count. Each address left out still
-// costs one element: it is refused.
+// elements, firewall elements and @external-frontends element, with every
+// endpoint of the port counted (ps.Endpoints), whatever this node chooses, so
+// every node serves the same addresses; the cut-off moves with that count. Each
+// address left out still costs two elements: its refusal and its
+// @external-frontends element.
 func (b *portBuilder) boundExternal(keys []string) []string {
 	ps := b.ps
 	per := ps.Endpoints + 1 // its list and its dispatch element
