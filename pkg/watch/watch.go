@@ -67,46 +67,69 @@ func serviceSelectors(o *metav1.ListOptions) {
 	o.FieldSelector = fields.OneTermNotEqualSelector("spec.clusterIP", v1.ClusterIPNone).String()
 }
 
-// Start creates the informers, registers h and starts them. It returns once every
-// informer's cache has synced (or ctx is done), so the first proxy sync sees a
-// complete cluster rather than programming a partial one.
+// serviceCIDRGrace is how long Start waits for the ServiceCIDRs' list, once the
+// other lists are in, when that list neither completes nor fails.
+var serviceCIDRGrace = 10 * time.Second
+
+// Start creates the informers, registers h and starts them. It returns once the
+// Service, EndpointSlice and Node caches have synced (or ctx is done), so the
+// first proxy sync sees a complete cluster rather than programming a partial
+// one. The ServiceCIDRs' list is waited for too, unless it fails (no RBAC for
+// servicecidrs, an API server without networking.k8s.io/v1 ServiceCIDRs) or
+// takes serviceCIDRGrace longer than the others: kube-proxy's proxiers do not
+// wait for ServiceCIDRs at all, and their only use is the drop of unallocated
+// service addresses, which follows when they arrive.
 func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Options) error {
 	sel := ProxySelector().String()
 	proxyObjects := func(o *metav1.ListOptions) { o.LabelSelector = sel }
 	var regs []cache.DoneChecker
 	var infs []cache.SharedIndexInformer
-	add := func(r kubeclient.Resource, tweak func(*metav1.ListOptions), transform cache.TransformFunc, hs cache.ResourceEventHandlerFuncs) error {
+	add := func(r kubeclient.Resource, tweak func(*metav1.ListOptions), transform cache.TransformFunc, hs cache.ResourceEventHandlerFuncs) (cache.SharedIndexInformer, error) {
 		inf := cache.NewSharedIndexInformerWithOptions(client.ListWatch(r, tweak), r.Object(),
 			cache.SharedIndexInformerOptions{ResyncPeriod: opts.ResyncPeriod})
 		if err := inf.SetTransform(transform); err != nil {
-			return fmt.Errorf("watching %s: %w", r, err)
+			return nil, fmt.Errorf("watching %s: %w", r, err)
 		}
 		reg, err := inf.AddEventHandler(hs)
 		if err != nil {
-			return fmt.Errorf("watching %s: %w", r, err)
+			return nil, fmt.Errorf("watching %s: %w", r, err)
 		}
 		regs = append(regs, reg.HasSyncedChecker())
 		infs = append(infs, inf)
-		return nil
+		return inf, nil
 	}
 	forProxy := ForProxy(opts.NodeName)
-	if err := add(kubeclient.Services, serviceSelectors, forProxy, serviceHandlers(h)); err != nil {
+	if _, err := add(kubeclient.Services, serviceSelectors, forProxy, serviceHandlers(h)); err != nil {
 		return err
 	}
-	if err := add(kubeclient.EndpointSlices, proxyObjects, forProxy, handlers(h.OnEndpointSliceAdd, h.OnEndpointSliceUpdate, h.OnEndpointSliceDelete)); err != nil {
+	if _, err := add(kubeclient.EndpointSlices, proxyObjects, forProxy, handlers(h.OnEndpointSliceAdd, h.OnEndpointSliceUpdate, h.OnEndpointSliceDelete)); err != nil {
 		return err
 	}
 	if opts.NodeName != "" {
 		thisNode := func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
 		}
-		if err := add(kubeclient.Nodes, thisNode, StripForProxy, handlers(h.OnNodeAdd, h.OnNodeUpdate, h.OnNodeDelete)); err != nil {
+		if _, err := add(kubeclient.Nodes, thisNode, StripForProxy, handlers(h.OnNodeAdd, h.OnNodeUpdate, h.OnNodeDelete)); err != nil {
 			return err
 		}
 	}
+	essential := len(regs)
+	var cidrErr chan error // the ServiceCIDR reflector's first error
 	if opts.ServiceCIDRs {
-		if err := add(kubeclient.ServiceCIDRs, nil, forProxy, handlers(h.OnServiceCIDRAdd, h.OnServiceCIDRUpdate, h.OnServiceCIDRDelete)); err != nil {
+		inf, err := add(kubeclient.ServiceCIDRs, nil, forProxy, handlers(h.OnServiceCIDRAdd, h.OnServiceCIDRUpdate, h.OnServiceCIDRDelete))
+		if err != nil {
 			return err
+		}
+		cidrErr = make(chan error, 1)
+		err = inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+			select {
+			case cidrErr <- err:
+			default:
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("watching %s: %w", kubeclient.ServiceCIDRs, err)
 		}
 	}
 	for _, inf := range infs {
@@ -114,10 +137,40 @@ func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Optio
 	}
 	// WaitFor is woken by each handler's last initial delivery; WaitForCacheSync
 	// would poll every 100 ms, 50 ms of every start on average.
-	if !cache.WaitFor(ctx, "", regs...) {
+	if !cache.WaitFor(ctx, "", regs[:essential]...) {
 		return fmt.Errorf("waiting for informer caches: %w", context.Cause(ctx))
 	}
+	if cidrErr != nil {
+		if err := waitServiceCIDRs(ctx, regs[essential], cidrErr); err != nil {
+			return err
+		}
+	}
 	klog.InfoS("Informer caches synced", "node", opts.NodeName)
+	return nil
+}
+
+// waitServiceCIDRs waits for the ServiceCIDR handler's initial list, until the
+// reflector reports an error or serviceCIDRGrace passes; then it logs that the
+// proxy starts without them.
+func waitServiceCIDRs(ctx context.Context, reg cache.DoneChecker, errs <-chan error) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	synced := make(chan bool, 1)
+	go func() { synced <- cache.WaitFor(wctx, "", reg) }()
+	var why any
+	select {
+	case ok := <-synced:
+		if ok {
+			return nil
+		}
+		return fmt.Errorf("waiting for informer caches: %w", context.Cause(ctx))
+	case err := <-errs:
+		why = err
+	case <-time.After(serviceCIDRGrace):
+		why = "no answer in " + serviceCIDRGrace.String()
+	}
+	klog.ErrorS(nil, "Starting without ServiceCIDRs: the addresses of service CIDRs that no Service has are not dropped until the list succeeds",
+		"reason", why)
 	return nil
 }
 

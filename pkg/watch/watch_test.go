@@ -3,6 +3,8 @@ package watch
 import (
 	"context"
 	"fmt"
+	"maps"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +28,7 @@ type slowHandler struct {
 	mu     sync.Mutex
 	svcs   []string
 	slices map[string]*endpointslice.Object
+	cidrs  []string
 }
 
 func (h *slowHandler) OnServiceAdd(s *v1.Service) {
@@ -39,14 +42,18 @@ func (h *slowHandler) OnEndpointSliceAdd(o *endpointslice.Object) {
 	defer h.mu.Unlock()
 	h.slices[o.Name] = o
 }
-func (h *slowHandler) OnServiceUpdate(_, _ *v1.Service)                   {}
-func (h *slowHandler) OnServiceDelete(*v1.Service)                        {}
-func (h *slowHandler) OnEndpointSliceUpdate(_, _ *endpointslice.Object)   {}
-func (h *slowHandler) OnEndpointSliceDelete(*endpointslice.Object)        {}
-func (h *slowHandler) OnNodeAdd(*v1.Node)                                 {}
-func (h *slowHandler) OnNodeUpdate(_, _ *v1.Node)                         {}
-func (h *slowHandler) OnNodeDelete(*v1.Node)                              {}
-func (h *slowHandler) OnServiceCIDRAdd(*networkingv1.ServiceCIDR)         {}
+func (h *slowHandler) OnServiceUpdate(_, _ *v1.Service)                 {}
+func (h *slowHandler) OnServiceDelete(*v1.Service)                      {}
+func (h *slowHandler) OnEndpointSliceUpdate(_, _ *endpointslice.Object) {}
+func (h *slowHandler) OnEndpointSliceDelete(*endpointslice.Object)      {}
+func (h *slowHandler) OnNodeAdd(*v1.Node)                               {}
+func (h *slowHandler) OnNodeUpdate(_, _ *v1.Node)                       {}
+func (h *slowHandler) OnNodeDelete(*v1.Node)                            {}
+func (h *slowHandler) OnServiceCIDRAdd(c *networkingv1.ServiceCIDR) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.cidrs = append(h.cidrs, c.Name)
+}
 func (h *slowHandler) OnServiceCIDRUpdate(_, _ *networkingv1.ServiceCIDR) {}
 func (h *slowHandler) OnServiceCIDRDelete(*networkingv1.ServiceCIDR)      {}
 
@@ -119,5 +126,80 @@ func TestStartGivesUpWithContext(t *testing.T) {
 	}
 	if got := err.Error(); got != "waiting for informer caches: test deadline" {
 		t.Errorf("error %q, want the context's cause", got)
+	}
+}
+
+// serviceCIDRsPath is where client-go lists ServiceCIDRs.
+const serviceCIDRsPath = "/apis/networking.k8s.io/v1/servicecidrs"
+
+// TestStartServiceCIDRs: Start waits for the ServiceCIDRs' list like the
+// others; when that list fails (no RBAC, an API server without ServiceCIDRs) or
+// hangs, it returns without it, as kube-proxy's proxiers never wait for
+// ServiceCIDRs, instead of leaving the proxy unprogrammed.
+func TestStartServiceCIDRs(t *testing.T) {
+	defer func(g time.Duration) { serviceCIDRGrace = g }(serviceCIDRGrace)
+	serviceCIDRGrace = 300 * time.Millisecond
+	objs := map[string][]runtime.Object{liststream.ServicesPath: {
+		&v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", ResourceVersion: "1"},
+			Spec: v1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []v1.ServicePort{{Port: 80, Protocol: v1.ProtocolTCP}}}}},
+		liststream.EndpointSlicesPath: {&discovery.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: "web-v4", ResourceVersion: "1", Labels: map[string]string{discovery.LabelServiceName: "web"}},
+			AddressType: discovery.AddressTypeIPv4}}}
+	for _, tc := range []struct {
+		name  string
+		serve func(streams http.Handler) http.Handler
+		cidrs int // delivered before Start returns
+	}{
+		{"listed", nil, 1},
+		{"forbidden", func(streams http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == serviceCIDRsPath {
+					http.Error(w, `servicecidrs.networking.k8s.io is forbidden`, http.StatusForbidden)
+					return
+				}
+				streams.ServeHTTP(w, r)
+			})
+		}, 0},
+		{"hanging", func(streams http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == serviceCIDRsPath {
+					<-r.Context().Done()
+					return
+				}
+				streams.ServeHTTP(w, r)
+			})
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			all := maps.Clone(objs)
+			all[serviceCIDRsPath] = []runtime.Object{&networkingv1.ServiceCIDR{
+				ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", ResourceVersion: "1"},
+				Spec:       networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.96.0.0/16"}}}}
+			streams, err := liststream.Encode(all)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var hd http.Handler = streams
+			if tc.serve != nil {
+				hd = tc.serve(streams)
+			}
+			ts, rc := liststream.StartTLS(hd)
+			t.Cleanup(ts.Close)
+			c, err := kubeclient.New(rc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeoutCause(t.Context(), 5*time.Second, fmt.Errorf("test deadline"))
+			defer cancel()
+			h := &slowHandler{slices: map[string]*endpointslice.Object{}}
+			if err := Start(ctx, c, h, Options{ServiceCIDRs: true}); err != nil {
+				t.Fatalf("Start: %v", err)
+			}
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if len(h.svcs) != 1 || len(h.cidrs) != tc.cidrs {
+				t.Errorf("Start returned with %d Services and ServiceCIDRs %v delivered, want 1 and %d", len(h.svcs), h.cidrs, tc.cidrs)
+			}
+		})
 	}
 }
