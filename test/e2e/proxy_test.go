@@ -33,7 +33,9 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
@@ -66,6 +68,7 @@ func TestProxy(t *testing.T) {
 	t.Run("FamilyPolicy", func(t *testing.T) { testFamilyPolicy(t, e) })
 	t.Run("Delete", func(t *testing.T) { testDelete(t, e) })
 	t.Run("DsproxyRestart", func(t *testing.T) { testDsproxyRestart(t, e) })
+	t.Run("ServiceCIDRsForbidden", func(t *testing.T) { testServiceCIDRsForbidden(t, e) })
 	t.Run("BindAddressHardFail", func(t *testing.T) { testBindAddressHardFail(t, e) })
 	t.Run("ModeSwitch", func(t *testing.T) { testModeSwitch(t, e) })
 	t.Run("ConfigFileUpdated", func(t *testing.T) { testConfigFileUpdated(t, e) })
@@ -377,6 +380,100 @@ func testDsproxyRestart(t *testing.T, e *env) {
 			e.errorf(t, "long-lived connection after the restart: %v", err)
 		}
 	}
+	e.checkAlive(t)
+}
+
+// testServiceCIDRsForbidden: with deploy/rbac.yaml's ClusterRole lacking
+// servicecidrs, a restarted dsproxy still programs both families (kube-proxy's
+// proxiers never wait for ServiceCIDRs) and says why it has no drop of
+// unallocated service addresses; once the permission is back, that drop follows
+// without a restart.
+func testServiceCIDRsForbidden(t *testing.T, e *env) {
+	if !e.saRBAC {
+		t.Skip("dsproxy runs as cluster admin (DSPROXY_E2E_ADMIN=1)")
+	}
+	ctx := context.Background()
+	roles := e.cp.Client.RbacV1().ClusterRoles()
+	orig, err := roles.Get(ctx, "dsproxy", metav1.GetOptions{})
+	if err != nil {
+		e.fatalf(t, "ClusterRole dsproxy: %v", err)
+	}
+	// allowed waits until the API server's authorizer answers want for the
+	// ServiceAccount listing ServiceCIDRs.
+	allowed := func(want bool) {
+		t.Helper()
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   "system:serviceaccount:kube-system:dsproxy",
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Group: "networking.k8s.io", Resource: "servicecidrs", Verb: "list"}}}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			got, err := e.cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			if err == nil && got.Status.Allowed == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				e.fatalf(t, "listing servicecidrs still allowed=%v after 30 s (%v)", !want, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	setRules := func(rules []rbacv1.PolicyRule) {
+		t.Helper()
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := roles.Get(ctx, "dsproxy", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cur.Rules = rules
+			_, err = roles.Update(ctx, cur, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			e.fatalf(t, "updating ClusterRole dsproxy: %v", err)
+		}
+	}
+	restored := false
+	defer func() {
+		if !restored {
+			setRules(orig.Rules)
+		}
+	}()
+	setRules(slices.DeleteFunc(slices.Clone(orig.Rules), func(r rbacv1.PolicyRule) bool {
+		return slices.Contains(r.Resources, "servicecidrs")
+	}))
+	allowed(false)
+	unallocatedDrops := func() int {
+		out, _ := netns.Exec(e.c.Node, "nft", "list", "ruleset")
+		return strings.Count(out, "unallocated ClusterIP in ")
+	}
+
+	if err := e.cur().stop(); err != nil {
+		e.errorf(t, "stopping dsproxy: %v", err)
+	}
+	start := time.Now()
+	p := e.startDsproxy(t)
+	if err := p.waitLog(30*time.Second, "Starting without ServiceCIDRs", `"Synced" ipFamily="IPv4"`, `"Synced" ipFamily="IPv6"`); err != nil {
+		e.fatalf(t, "dsproxy without the right to list ServiceCIDRs: %v", err)
+	}
+	t.Logf("without ServiceCIDRs: both families synced %v after start", time.Since(start).Round(time.Millisecond))
+	if n := unallocatedDrops(); n != 0 {
+		e.errorf(t, "%d unallocated-ClusterIP drop rules without ServiceCIDRs, want 0", n)
+	}
+
+	setRules(orig.Rules)
+	restored = true
+	allowed(true)
+	start = time.Now()
+	deadline := start.Add(90 * time.Second) // the reflector's backoff is at most 30 s
+	for unallocatedDrops() < 2 {
+		if time.Now().After(deadline) {
+			e.fatalf(t, "no unallocated-ClusterIP drop in both families 90 s after servicecidrs were allowed again")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("the drop of unallocated ClusterIPs followed %v after servicecidrs were allowed again", time.Since(start).Round(time.Millisecond))
 	e.checkAlive(t)
 }
 
