@@ -5,6 +5,7 @@
 package ipvs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -37,6 +38,17 @@ type Key struct {
 	Addr  netip.Addr
 	Proto uint8
 	Port  uint16
+}
+
+// Compare orders keys by address, then protocol, then port.
+func (k Key) Compare(o Key) int {
+	if c := k.Addr.Compare(o.Addr); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(k.Proto, o.Proto); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.Port, o.Port)
 }
 
 func (k Key) String() string {

@@ -33,7 +33,8 @@ func (e *proxyNode) ipvsKernel(t *testing.T, f *family.Family) *ipvs.Kernel {
 
 // TestIPVSRepairAndCleanup is TestIPTablesRepairAndCleanup for the IPVS
 // backend: a full sync on an untouched kernel repairs nothing; after someone
-// deletes a virtual server, unbinds a Service address or flushes an ipset,
+// deletes a virtual server or its real servers, unbinds a Service address or
+// flushes an ipset,
 // traffic breaks and the next periodic check notices and resyncs (kube-proxy's
 // IPVS mode reconciles them at every sync); so does it after someone deletes
 // the nat POSTROUTING jump, flushes the nat table, reloads the firewall or
@@ -87,6 +88,18 @@ func TestIPVSRepairAndCleanup(t *testing.T) {
 				e.fatalf(t, "deleting the virtual server: %v", err)
 			}
 			e.expectRepair(t, f, "deleting the virtual server", false, brokenVIP, works)
+			// 1b. Someone deletes its real servers (ipvsadm -d).
+			vsKey := ipvs.Key{Addr: vip(f).Addr(), Proto: 6, Port: pxSvcPort}
+			ds, err := k.Dests(vsKey)
+			if err != nil || len(ds) != len(pods) {
+				e.fatalf(t, "real servers of %s: %v (%v), want %d", vsKey, ds, err, len(pods))
+			}
+			for _, d := range ds {
+				if err := k.DelDest(vsKey, d); err != nil {
+					e.fatalf(t, "deleting real server %v: %v", d, err)
+				}
+			}
+			e.expectRepair(t, f, "deleting the real servers", false, brokenVIP, works)
 			// 2. Someone unbinds the ClusterIP from the dummy link.
 			if err := k.DelAddr(vip(f).Addr()); err != nil {
 				e.fatalf(t, "unbinding the ClusterIP: %v", err)

@@ -895,6 +895,54 @@ func TestFlushed(t *testing.T) {
 	}
 }
 
+// TestFlushedDestsWindow: each periodic check reads the real servers of at
+// most destChecks virtual servers, the next ones after the last check's, so a
+// real server deleted by hand is seen within ceil(virtual servers /
+// destChecks) checks.
+func TestFlushedDestsWindow(t *testing.T) {
+	defer func(n int) { destChecks = n }(destChecks)
+	destChecks = 2
+	f := family.IPv4
+	k := newFake()
+	b := newBackend(f, k)
+	var ports []*model.PortState
+	for i := range 5 {
+		ports = append(ports, port(f, fmt.Sprintf("web%d", i), 10+i, 1+i))
+	}
+	sync(t, b, &proxier.SyncRequest{Full: true, State: state(ports...), Node: node(f)})
+	vs := len(b.have)
+	checks := (vs + destChecks - 1) / destChecks
+	for i := range 2 * checks {
+		k.reads = 0
+		if b.Flushed(context.Background()) {
+			t.Fatalf("check %d: Flushed on an untouched kernel", i)
+		}
+		if k.reads > destChecks {
+			t.Fatalf("check %d read the real servers of %d virtual servers, want at most %d", i, k.reads, destChecks)
+		}
+	}
+	// Each virtual server in turn loses its real servers; a check finds it
+	// within ceil(vs / destChecks) checks, however the window lies.
+	for key := range b.have {
+		if len(k.dests[key]) == 0 {
+			continue
+		}
+		saved := maps.Clone(k.dests[key])
+		clear(k.dests[key])
+		seen := 0
+		for i := 1; i <= checks; i++ {
+			if b.Flushed(context.Background()) {
+				seen = i
+				break
+			}
+		}
+		if seen == 0 {
+			t.Errorf("%s lost its real servers, unnoticed in %d checks", key, checks)
+		}
+		k.dests[key] = saved
+	}
+}
+
 // TestFlushedDrift: what someone else's ipvsadm, ip or ipset deletes of
 // dsproxy's state is noticed by the periodic check (kube-proxy's IPVS mode
 // reconciles it at every sync), and the full sync that follows repairs it;
@@ -916,6 +964,13 @@ func TestFlushedDrift(t *testing.T) {
 				}
 			}},
 			{"ipvsadm -C", func(k *fakeKernel) { clear(k.svcs); clear(k.dests) }},
+			{"ipvsadm -d of the ClusterIP's real server", func(k *fakeKernel) {
+				for key := range k.svcs {
+					if key.Addr == vip {
+						clear(k.dests[key])
+					}
+				}
+			}},
 			{"ip addr del of the ClusterIP", func(k *fakeKernel) { delete(k.addrs, vip) }},
 			{"ipset del of the ClusterIP's member", func(k *fakeKernel) {
 				for e := range k.sets[setName(f, setClusterIP)] {
