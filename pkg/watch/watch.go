@@ -11,6 +11,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -68,15 +69,15 @@ func serviceSelectors(o *metav1.ListOptions) {
 }
 
 // serviceCIDRGrace is how long Start waits for the ServiceCIDRs' list, once the
-// other lists are in, when that list neither completes nor fails.
+// other lists are in, when that list neither completes nor is refused.
 var serviceCIDRGrace = 10 * time.Second
 
 // Start creates the informers, registers h and starts them. It returns once the
 // Service, EndpointSlice and Node caches have synced (or ctx is done), so the
 // first proxy sync sees a complete cluster rather than programming a partial
-// one. The ServiceCIDRs' list is waited for too, unless it fails (no RBAC for
-// servicecidrs, an API server without networking.k8s.io/v1 ServiceCIDRs) or
-// takes serviceCIDRGrace longer than the others: kube-proxy's proxiers do not
+// one. The ServiceCIDRs' list is waited for too, unless it is refused (no RBAC
+// for servicecidrs, an API server without networking.k8s.io/v1 ServiceCIDRs) or
+// is not in serviceCIDRGrace after the others: kube-proxy's proxiers do not
 // wait for ServiceCIDRs at all, and their only use is the drop of unallocated
 // service addresses, which follows when they arrive.
 func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Options) error {
@@ -150,28 +151,40 @@ func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Optio
 }
 
 // waitServiceCIDRs waits for the ServiceCIDR handler's initial list, until the
-// reflector reports an error or serviceCIDRGrace passes; then it logs that the
-// proxy starts without them.
+// reflector reports an error that retrying will not mend (forbidden, or not
+// served) or serviceCIDRGrace passes; then it logs that the proxy starts
+// without them. Other errors (a timeout, a refused connection while the API
+// server starts) are left to the reflector's retries within the grace.
 func waitServiceCIDRs(ctx context.Context, reg cache.DoneChecker, errs <-chan error) error {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	synced := make(chan bool, 1)
-	go func() { synced <- cache.WaitFor(wctx, "", reg) }()
+	grace := time.NewTimer(serviceCIDRGrace)
+	defer grace.Stop()
 	var why any
-	select {
-	case ok := <-synced:
-		if ok {
+	for why == nil {
+		select {
+		case <-reg.Done():
 			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for informer caches: %w", context.Cause(ctx))
+		case err := <-errs:
+			if permanentListError(err) {
+				why = err
+			}
+		case <-grace.C:
+			why = "no answer in " + serviceCIDRGrace.String()
 		}
-		return fmt.Errorf("waiting for informer caches: %w", context.Cause(ctx))
-	case err := <-errs:
-		why = err
-	case <-time.After(serviceCIDRGrace):
-		why = "no answer in " + serviceCIDRGrace.String()
+	}
+	if cache.IsDone(reg) {
+		return nil // delivered meanwhile
 	}
 	klog.ErrorS(nil, "Starting without ServiceCIDRs: the addresses of service CIDRs that no Service has are not dropped until the list succeeds",
 		"reason", why)
 	return nil
+}
+
+// permanentListError reports whether a reflector's error is one a retry will
+// not mend soon: no permission, or a resource the API server does not serve.
+func permanentListError(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err)
 }
 
 // serviceHandlers: the Service informer's cache holds *Service (ForProxy); h gets

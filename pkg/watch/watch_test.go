@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,7 +139,6 @@ const serviceCIDRsPath = "/apis/networking.k8s.io/v1/servicecidrs"
 // ServiceCIDRs, instead of leaving the proxy unprogrammed.
 func TestStartServiceCIDRs(t *testing.T) {
 	defer func(g time.Duration) { serviceCIDRGrace = g }(serviceCIDRGrace)
-	serviceCIDRGrace = 300 * time.Millisecond
 	objs := map[string][]runtime.Object{liststream.ServicesPath: {
 		&v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", ResourceVersion: "1"},
 			Spec: v1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []v1.ServicePort{{Port: 80, Protocol: v1.ProtocolTCP}}}}},
@@ -148,9 +148,31 @@ func TestStartServiceCIDRs(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		serve func(streams http.Handler) http.Handler
-		cidrs int // delivered before Start returns
+		cidrs int           // delivered before Start returns
+		grace time.Duration // serviceCIDRGrace
 	}{
-		{"listed", nil, 1},
+		{"listed", nil, 1, 300 * time.Millisecond},
+		// A failure a retry may mend is retried within the grace (the
+		// reflector's first backoff is 0.8-1.6 s).
+		{"failing once", func(streams http.Handler) http.Handler {
+			var n atomic.Int32
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == serviceCIDRsPath && n.Add(1) == 1 {
+					http.Error(w, `etcdserver: request timed out`, http.StatusInternalServerError)
+					return
+				}
+				streams.ServeHTTP(w, r)
+			})
+		}, 1, 10 * time.Second},
+		{"not served", func(streams http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == serviceCIDRsPath {
+					http.Error(w, `404 page not found`, http.StatusNotFound)
+					return
+				}
+				streams.ServeHTTP(w, r)
+			})
+		}, 0, time.Minute},
 		{"forbidden", func(streams http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.URL.Path == serviceCIDRsPath {
@@ -159,7 +181,7 @@ func TestStartServiceCIDRs(t *testing.T) {
 				}
 				streams.ServeHTTP(w, r)
 			})
-		}, 0},
+		}, 0, time.Minute},
 		{"hanging", func(streams http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.URL.Path == serviceCIDRsPath {
@@ -168,9 +190,10 @@ func TestStartServiceCIDRs(t *testing.T) {
 				}
 				streams.ServeHTTP(w, r)
 			})
-		}, 0},
+		}, 0, 300 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			serviceCIDRGrace = tc.grace
 			all := maps.Clone(objs)
 			all[serviceCIDRsPath] = []runtime.Object{&networkingv1.ServiceCIDR{
 				ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", ResourceVersion: "1"},
@@ -189,7 +212,7 @@ func TestStartServiceCIDRs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeoutCause(t.Context(), 5*time.Second, fmt.Errorf("test deadline"))
+			ctx, cancel := context.WithTimeoutCause(t.Context(), 20*time.Second, fmt.Errorf("test deadline"))
 			defer cancel()
 			h := &slowHandler{slices: map[string]*endpointslice.Object{}}
 			if err := Start(ctx, c, h, Options{ServiceCIDRs: true}); err != nil {
