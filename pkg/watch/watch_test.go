@@ -133,6 +133,19 @@ func TestStartGivesUpWithContext(t *testing.T) {
 // serviceCIDRsPath is where client-go lists ServiceCIDRs.
 const serviceCIDRsPath = "/apis/networking.k8s.io/v1/servicecidrs"
 
+// cidrsAnswer serves the ServiceCIDRs' path with answer, and what answer
+// leaves (returning false) and every other path from streams.
+func cidrsAnswer(answer func(w http.ResponseWriter, r *http.Request) bool) func(streams http.Handler) http.Handler {
+	return func(streams http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == serviceCIDRsPath && answer(w, r) {
+				return
+			}
+			streams.ServeHTTP(w, r)
+		})
+	}
+}
+
 // TestStartServiceCIDRs: Start waits for the ServiceCIDRs' list like the
 // others; when that list fails (no RBAC, an API server without ServiceCIDRs) or
 // hangs, it returns without it, as kube-proxy's proxiers never wait for
@@ -145,6 +158,7 @@ func TestStartServiceCIDRs(t *testing.T) {
 		liststream.EndpointSlicesPath: {&discovery.EndpointSlice{
 			ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: "web-v4", ResourceVersion: "1", Labels: map[string]string{discovery.LabelServiceName: "web"}},
 			AddressType: discovery.AddressTypeIPv4}}}
+	var failed atomic.Int32
 	for _, tc := range []struct {
 		name  string
 		serve func(streams http.Handler) http.Handler
@@ -154,43 +168,25 @@ func TestStartServiceCIDRs(t *testing.T) {
 		{"listed", nil, 1, 300 * time.Millisecond},
 		// A failure a retry may mend is retried within the grace (the
 		// reflector's first backoff is 0.8-1.6 s).
-		{"failing once", func(streams http.Handler) http.Handler {
-			var n atomic.Int32
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path == serviceCIDRsPath && n.Add(1) == 1 {
-					http.Error(w, `etcdserver: request timed out`, http.StatusInternalServerError)
-					return
-				}
-				streams.ServeHTTP(w, r)
-			})
-		}, 1, 10 * time.Second},
-		{"not served", func(streams http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path == serviceCIDRsPath {
-					http.Error(w, `404 page not found`, http.StatusNotFound)
-					return
-				}
-				streams.ServeHTTP(w, r)
-			})
-		}, 0, time.Minute},
-		{"forbidden", func(streams http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path == serviceCIDRsPath {
-					http.Error(w, `servicecidrs.networking.k8s.io is forbidden`, http.StatusForbidden)
-					return
-				}
-				streams.ServeHTTP(w, r)
-			})
-		}, 0, time.Minute},
-		{"hanging", func(streams http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path == serviceCIDRsPath {
-					<-r.Context().Done()
-					return
-				}
-				streams.ServeHTTP(w, r)
-			})
-		}, 0, 300 * time.Millisecond},
+		{"failing once", cidrsAnswer(func(w http.ResponseWriter, r *http.Request) bool {
+			if failed.Add(1) > 1 {
+				return false
+			}
+			http.Error(w, `etcdserver: request timed out`, http.StatusInternalServerError)
+			return true
+		}), 1, 10 * time.Second},
+		{"not served", cidrsAnswer(func(w http.ResponseWriter, r *http.Request) bool {
+			http.Error(w, `404 page not found`, http.StatusNotFound)
+			return true
+		}), 0, time.Minute},
+		{"forbidden", cidrsAnswer(func(w http.ResponseWriter, r *http.Request) bool {
+			http.Error(w, `servicecidrs.networking.k8s.io is forbidden`, http.StatusForbidden)
+			return true
+		}), 0, time.Minute},
+		{"hanging", cidrsAnswer(func(w http.ResponseWriter, r *http.Request) bool {
+			<-r.Context().Done()
+			return true
+		}), 0, 300 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			serviceCIDRGrace = tc.grace
