@@ -651,13 +651,7 @@ func (b *Backend) driftedDests() bool {
 	for i := range min(destChecks, len(keys)) {
 		k := keys[(start+i)%len(keys)]
 		b.destCursor = k
-		var wanted int
-		for _, d := range b.have[k].dests {
-			if d.Weight > 0 {
-				wanted++
-			}
-		}
-		if wanted == 0 {
+		if !slices.ContainsFunc(b.have[k].dests, func(d ipvs.Dest) bool { return d.Weight > 0 }) {
 			continue
 		}
 		ds, err := b.k.Dests(k)
@@ -948,23 +942,21 @@ func (b *Backend) setup(ctx context.Context, node *proxier.NodeConfig, res *prox
 // not read them back, or this read fails, only the two chains' presence is
 // checked; a failed check answers no: the full sync reads the same and reports it.
 func (b *Backend) rulesChanged(ctx context.Context) bool {
-	var save string
-	err := errors.New("not read back at setup")
 	if b.rules != nil {
-		save, err = b.r.Save(ctx, "")
-	}
-	if err != nil {
-		for _, c := range [][2]string{{"nat", chainServices}, {"filter", chainInput}} {
-			if ok, err := b.r.ChainExists(c[0], c[1]); err == nil && !ok {
-				return true
+		if save, err := b.r.Save(ctx, ""); err == nil {
+			now := ourRules(save)
+			changed := !slices.Equal(now, b.rules)
+			if changed {
+				klog.V(2).InfoS("The IPVS mode's iptables rules changed", "ipFamily", b.f.Name, "rules", len(now), "written", len(b.rules))
+				b.rulesDrift = true
 			}
+			return changed
 		}
-		return false
 	}
-	if now := ourRules(save); !slices.Equal(now, b.rules) {
-		klog.V(2).InfoS("The IPVS mode's iptables rules changed", "ipFamily", b.f.Name, "rules", len(now), "written", len(b.rules))
-		b.rulesDrift = true
-		return true
+	for _, c := range [][2]string{{"nat", chainServices}, {"filter", chainInput}} {
+		if ok, err := b.r.ChainExists(c[0], c[1]); err == nil && !ok {
+			return true
+		}
 	}
 	return false
 }
