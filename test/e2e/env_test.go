@@ -91,6 +91,9 @@ type proc struct {
 	log  string
 	done chan struct{}
 	err  error // Wait's result, after done
+	// forbiddenOK, when set, is in the lines of forbidden requests this
+	// process was meant to meet (Manifests does not count them).
+	forbiddenOK string
 }
 
 func (p *proc) exited() bool {
