@@ -351,6 +351,31 @@ func TestParseNoNodeName(t *testing.T) {
 	}
 }
 
+// A slice whose only change is an endpoint's nodeName going from unset to
+// another node's (or back) is a change: NoNodeName decides whether the
+// backends masquerade the endpoint reaching itself, and an update taken as
+// unchanged would keep the old value until some other field changed.
+func TestCacheNodeNameOnlyChange(t *testing.T) {
+	for _, f := range family.All {
+		c := NewCache(f)
+		m := model.EndpointsMap{}
+		unnamed := slice(f, "a", 80, 1)
+		unnamed.Endpoints[0].NodeName = nil
+		named := slice(f, "a", 80, 1)
+		named.Endpoints[0].NodeName = ptr.To("node-c")
+		for i, es := range []*discovery.EndpointSlice{unnamed, named, unnamed} {
+			if !c.Update(Ingest(es, "node-b")) {
+				t.Fatalf("%s: update %d (nodeName %s) reported no change", f, i, ptr.Deref(es.Endpoints[0].NodeName, "<unset>"))
+			}
+			c.Checkout(m, false)
+			want := es.Endpoints[0].NodeName == nil
+			if eps := m[spn("http", v1.ProtocolTCP)]; len(eps) != 1 || eps[0].NoNodeName != want {
+				t.Fatalf("%s: update %d: endpoints %+v, want one with NoNodeName %v", f, i, eps, want)
+			}
+		}
+	}
+}
+
 // Endpoint addresses stored before v1.36's StrictIPCIDRValidation may have leading
 // zeros or an IPv4-mapped form: read as kube-proxy reads them, not dropped.
 func TestParseLegacyAddresses(t *testing.T) {

@@ -162,7 +162,7 @@ func (e *Endpoint) String() string { return e.AddrPort().String() }
 func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.Addr == o.Addr && e.Port == o.Port && e.Ready == o.Ready &&
 		e.Serving == o.Serving && e.Terminating == o.Terminating && e.Local == o.Local &&
-		slices.Equal(e.ZoneHints(), o.ZoneHints()) && slices.Equal(e.NodeHints(), o.NodeHints())
+		e.NoNodeName == o.NoNodeName && slices.Equal(e.ZoneHints(), o.ZoneHints()) && slices.Equal(e.NodeHints(), o.NodeHints())
 }
 
 // CompareEndpoints orders endpoints by address, then port.
