@@ -182,3 +182,35 @@ func TestExternalElementsBounded(t *testing.T) {
 		})
 	}
 }
+
+// contribsHint sizes a port's contribution list: it must be exact for the
+// common shapes with endpoints (a short hint costs the port a reallocation
+// at every sync and rebuild), so a new element kind must be counted there too.
+func TestContribsHintExact(t *testing.T) {
+	for _, f := range family.All {
+		unnamed := ep(f, 3, 8080, false)
+		unnamed.NoNodeName = true
+		cases := []struct {
+			name string
+			sp   *model.ServicePort
+			eps  []model.Endpoint
+		}{
+			{"clusterIP", svc(f, "a", 1, 80, tcp), []model.Endpoint{ep(f, 1, 8080, false), ep(f, 2, 8080, false)}},
+			{"clusterIP, local endpoint", svc(f, "b", 2, 80, tcp), []model.Endpoint{ep(f, 1, 8080, true), ep(f, 2, 8080, false)}},
+			{"clusterIP, unnamed endpoint", svc(f, "c", 3, 80, tcp), []model.Endpoint{ep(f, 1, 8080, false), unnamed}},
+			{"nodePort", svc(f, "d", 4, 80, tcp, nodePort(30080)), []model.Endpoint{ep(f, 1, 8080, false)}},
+			{"load balancer", svc(f, "e", 5, 80, tcp, nodePort(30081), lbVIP(1), lbVIP(2)), []model.Endpoint{ep(f, 1, 8080, false), ep(f, 2, 8080, false)}},
+			{"externalIP", svc(f, "g", 6, 80, udp, externalIP(3)), []model.Endpoint{ep(f, 1, 8080, true)}},
+		}
+		for _, tc := range cases {
+			e := newEnv(t, f)
+			e.put(tc.sp)
+			e.sync(true) // the cache, with the node config
+			ps := &model.PortState{ServicePort: tc.sp, Selection: model.Categorize(tc.sp, tc.eps, model.NodeInfo{Name: thisNode})}
+			got := len(e.b.c.portContribs(ps, &portRecord{id: 1}))
+			if hint := contribsHint(ps); hint != got {
+				t.Errorf("%s: %s: contribsHint %d, contributions %d", f, tc.name, hint, got)
+			}
+		}
+	}
+}

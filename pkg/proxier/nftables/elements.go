@@ -231,18 +231,24 @@ func (c *cache) contribs(rec *portRecord, replay bool, old portRecord) []contrib
 
 // contribsHint estimates how many contributions ps makes (exact for the common
 // shapes with endpoints: a ClusterIP, optionally a NodePort and external
-// addresses, ETP Cluster, and the local endpoints' @hairpin elements).
+// addresses, each also in @external-frontends, ETP Cluster, and the @hairpin
+// elements of local and unnamed endpoints).
 func contribsHint(ps *model.PortState) int {
 	fronts := 1
+	n := 1 // @cluster-ips
 	if ps.ExternallyAccessible() {
-		fronts += len(ps.ExternalIPs) + len(ps.LoadBalancerVIPs)
+		ext := len(ps.ExternalIPs) + len(ps.LoadBalancerVIPs)
+		fronts += ext
+		if ps.HasAny {
+			n += ext // @external-frontends
+		}
 		if ps.NodePort != 0 {
 			fronts++
 		}
 	}
-	n := 1 + 2*fronts // dispatch element and endpoint list of each
+	n += 2 * fronts // dispatch element and endpoint list of each
 	for i := range ps.Cluster {
-		if ps.Cluster[i].Local || ps.ExternalPolicyLocal {
+		if e := &ps.Cluster[i]; e.Local || e.NoNodeName || ps.ExternalPolicyLocal {
 			n++ // @hairpin
 		}
 	}
