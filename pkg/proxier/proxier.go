@@ -101,6 +101,9 @@ type Proxier struct {
 	state        *model.State
 	lastNode     *NodeConfig
 	lastNodeZone string
+	// lastCheck is when the kernel was last checked for drift (FlushDetector)
+	// or fully synced.
+	lastCheck time.Time
 	// unflushed holds, for the ports a failed sync changed, their state before it:
 	// the retry finds them unchanged (the state moved on), so the next successful
 	// sync clears their stale flows from that state.
@@ -444,9 +447,17 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 		Node:        nodeCfg,
 		NodeChanged: !nodeCfg.Equal(p.lastNode),
 	}
-	if !req.Full && !req.NodeChanged && len(req.Changed) == 0 {
+	idle := !req.Full && !req.NodeChanged && len(req.Changed) == 0
+	if idle || p.checkDue(start, req.Full) {
+		// The periodic check of what someone else changed in the kernel: at
+		// every sync with nothing to do, and once per check period at a
+		// partial sync, so that a node whose changes keep coming (every sync
+		// partial, none idle) is repaired as soon, as kube-proxy's iptables
+		// canaries are polled whatever it syncs.
+		p.lastCheck = start
 		d, ok := p.cfg.Backend.(FlushDetector)
-		if !ok || !d.Flushed(ctx) {
+		flushed := ok && d.Flushed(ctx)
+		if !flushed && idle {
 			if (len(changed) > 0 || p.cfg.ObserveIdleSyncs) && p.cfg.Observer != nil {
 				// Queued changes that program nothing (the slices of a deleted
 				// Service going) still end in a sync, as in kube-proxy: its
@@ -460,8 +471,10 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 			}
 			return nil
 		}
-		klog.InfoS("Rules were flushed by someone else; resyncing everything", "ipFamily", p.cfg.Family.Name)
-		full, req.Full = true, true
+		if flushed {
+			klog.InfoS("Rules were flushed by someone else; resyncing everything", "ipFamily", p.cfg.Family.Name)
+			full, req.Full = true, true
+		}
 	}
 	res, err := p.cfg.Backend.Sync(ctx, req)
 	if err != nil {
@@ -474,6 +487,9 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	}
 	p.lastNode = nodeCfg
 	p.lastNodeZone = nodeInfo.Zone
+	if full {
+		p.lastCheck = start // a full sync compares or rewrites everything
+	}
 	// As kube-proxy: the changes are programmed once the rules are in the
 	// kernel, before stale flows go; the sync's duration covers it all, the
 	// flows and the health check servers' update included.
@@ -490,6 +506,14 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	klog.V(2).InfoS("Synced", "ipFamily", p.cfg.Family.Name, "full", full, "changedPorts", len(req.Changed),
 		"operations", res.Operations, "repairs", res.Repairs, "elapsed", time.Since(start))
 	return nil
+}
+
+// checkDue reports whether a partial sync starting at now also checks the
+// kernel for drift: the check period (runner.Options.CheckPeriod) has passed
+// since the last check or full sync.
+func (p *Proxier) checkDue(now time.Time, full bool) bool {
+	period := p.cfg.Runner.CheckPeriod
+	return !full && period > 0 && !p.lastCheck.IsZero() && now.Sub(p.lastCheck) >= period
 }
 
 // nodeInputs snapshots the node-wide inputs recorded by the handlers.

@@ -19,6 +19,7 @@ import (
 	"github.com/dsproxy/dsproxy/pkg/family"
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
+	"github.com/dsproxy/dsproxy/pkg/runner"
 )
 
 // recordingBackend records what each sync asked for; the orchestration is what is
@@ -697,5 +698,66 @@ func TestTriggerTimeOfAChangeDuringASync(t *testing.T) {
 	}
 	if len(obs.got) != 1 || !obs.got[0].Equal(t3) {
 		t.Fatalf("after a failed sync, the retry observed %v, want [%v]", obs.got, t3)
+	}
+}
+
+// checkingBackend counts the periodic drift checks and reports a flush when told.
+type checkingBackend struct {
+	recordingBackend
+	checks  int
+	flushed bool
+}
+
+func (b *checkingBackend) Flushed(context.Context) bool { b.checks++; return b.flushed }
+
+// The drift check runs at every idle sync and, while changes keep coming (no
+// sync idle), at the first partial sync once the check period has passed since
+// the last check or full sync; a flush it finds makes that sync full.
+func TestDriftCheckUnderChurn(t *testing.T) {
+	ctx := context.Background()
+	for _, f := range family.All {
+		t.Run(f.Name, func(t *testing.T) {
+			b := &checkingBackend{}
+			addrs := nodeport.AddrListerFunc(func() ([]netip.Addr, error) { return []netip.Addr{testaddr.Node(f, 1)}, nil })
+			p, err := New(Config{Family: f, NodeName: "node-a", Backend: b, Addrs: addrs, NodeIP: testaddr.Node(f, 1),
+				Runner: runner.Options{CheckPeriod: time.Minute}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.OnServiceAdd(service(f, "web", f))
+			pods := []int{1}
+			change := func() SyncRequest {
+				t.Helper()
+				pods = append(pods, len(pods)+1)
+				p.OnEndpointSliceUpdate(nil, ingest(endpointSlice(f, "web", pods...)))
+				if err := p.Sync(ctx, false); err != nil {
+					t.Fatal(err)
+				}
+				return b.last(t)
+			}
+			if err := p.Sync(ctx, false); err != nil || !b.last(t).Full || b.checks != 0 {
+				t.Fatalf("first sync: full %v, %d checks (%v)", b.last(t).Full, b.checks, err)
+			}
+			if r := change(); r.Full || b.checks != 0 {
+				t.Fatalf("a change right after the full sync: full %v, %d checks", r.Full, b.checks)
+			}
+			p.lastCheck = time.Now().Add(-2 * time.Minute) // a while of changes only
+			if r := change(); r.Full || len(r.Changed) != 1 || b.checks != 1 {
+				t.Fatalf("a change once the check was due: full %v, changed %v, %d checks; want a check", r.Full, r.Changed, b.checks)
+			}
+			if r := change(); r.Full || b.checks != 1 {
+				t.Fatalf("a change right after a check: full %v, %d checks", r.Full, b.checks)
+			}
+			p.lastCheck = time.Now().Add(-2 * time.Minute)
+			b.flushed = true
+			if r := change(); !r.Full || b.checks != 2 {
+				t.Fatalf("a flush found at a due check: full %v, %d checks; want a full sync", r.Full, b.checks)
+			}
+			b.flushed = false
+			n := len(b.reqs)
+			if err := p.Sync(ctx, false); err != nil || b.checks != 3 || len(b.reqs) != n {
+				t.Fatalf("an idle sync: %d checks, %d backend syncs (%v); want a check and no sync", b.checks, len(b.reqs)-n, err)
+			}
+		})
 	}
 }
