@@ -394,7 +394,14 @@ func (k *Kernel) EnsureLink() (created bool, err error) {
 	return created, nil
 }
 
-// Addrs lists the family's addresses on the dummy link (none when it is missing).
+// KernelOwnAddr reports whether a is an address the kernel gives the dummy link
+// itself (an IPv6 link-local one), not one a proxy bound: Addrs leaves these
+// out, as kube-proxy's IPVS mode leaves them out of the addresses it reads
+// back. An IPv4 link-local address there is a proxy's.
+func KernelOwnAddr(a netip.Addr) bool { return a.Is6() && !a.Is4In6() && a.IsLinkLocalUnicast() }
+
+// Addrs lists the family's addresses on the dummy link (none when it is
+// missing), but for the kernel's own (KernelOwnAddr).
 func (k *Kernel) Addrs() ([]netip.Addr, error) {
 	l, err := k.link(false)
 	if err != nil || l == nil {
@@ -406,7 +413,7 @@ func (k *Kernel) Addrs() ([]netip.Addr, error) {
 	}
 	out := make([]netip.Addr, 0, len(as))
 	for _, a := range as {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLinkLocalUnicast() {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !KernelOwnAddr(ip) {
 			out = append(out, ip.Unmap())
 		}
 	}
@@ -457,7 +464,7 @@ func (k *Kernel) DeleteLinkIfEmpty() error {
 		return err
 	}
 	for _, a := range as {
-		if !a.IP.IsLinkLocalUnicast() {
+		if ip, ok := netip.AddrFromSlice(a.IP); !ok || !KernelOwnAddr(ip) {
 			return nil
 		}
 	}

@@ -156,7 +156,16 @@ func (k *fakeKernel) EnsureLink() (bool, error) {
 	k.link = true
 	return created, nil
 }
-func (k *fakeKernel) Addrs() ([]netip.Addr, error) { return slices.Collect(maps.Keys(k.addrs)), nil }
+func (k *fakeKernel) Addrs() ([]netip.Addr, error) {
+	// As the real kernel's dump is read: without the link's own addresses.
+	return slices.Collect(func(yield func(netip.Addr) bool) {
+		for a := range k.addrs {
+			if !ipvs.KernelOwnAddr(a) && !yield(a) {
+				return
+			}
+		}
+	}), nil
+}
 func (k *fakeKernel) AddAddr(a netip.Addr) error {
 	defer k.op()
 	if !k.link {
@@ -1293,5 +1302,31 @@ func TestSchedulerMHHashesPort(t *testing.T) {
 	sync(t, b, &proxier.SyncRequest{Full: true, State: state(ps), Node: node(f)})
 	if s := k.svcs[key]; !s.HashPort || s.Scheduler != "mh" {
 		t.Errorf("virtual server %+v: want mh hashing the source port", s)
+	}
+}
+
+// A load balancer's status may name a link-local VIP (the API server takes
+// any IP there). An IPv4 one is bound and served, and read back as bound; an
+// IPv6 one is left out, since the link's own fe80:: addresses are not read
+// back. Either way the periodic check finds no drift after the full sync, so
+// it does not turn every check into another full sync.
+func TestLinkLocalVIPNoDrift(t *testing.T) {
+	for _, f := range family.All {
+		k := newFake()
+		b := newBackend(f, k)
+		lb := port(f, "lb", 10, 1)
+		vip := addr(f, "169.254.10.10", "fe80::10")
+		lb.LoadBalancerVIPs = []netip.Addr{vip}
+		st := state(lb)
+		sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)})
+		served := slices.ContainsFunc(slices.Collect(maps.Keys(k.svcs)), func(key ipvs.Key) bool { return key.Addr == vip })
+		if want := f == family.IPv4; served != want || k.addrs[vip] != want {
+			t.Errorf("%s: VIP %s served %v, bound %v; want %v", f, vip, served, k.addrs[vip], want)
+		}
+		for i := range 3 {
+			if b.Flushed(context.Background()) {
+				t.Fatalf("%s: check %d after the full sync found drift", f, i)
+			}
+		}
 	}
 }

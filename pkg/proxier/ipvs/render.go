@@ -106,6 +106,12 @@ func unicast(a netip.Addr) bool {
 	return !a.IsMulticast() && !a.IsUnspecified() && a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
 }
 
+// bindable reports whether a can be a Service address bound to the dummy
+// link: unicast, and not an IPv6 link-local address (a load balancer's
+// status may name one), which the link's own fe80:: addresses hide from the
+// read-back, so every periodic check would take it for an address gone.
+func bindable(a netip.Addr) bool { return unicast(a) && !ipvs.KernelOwnAddr(a) }
+
 // render returns what ps puts in the kernel.
 func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 	f := node.Family
@@ -119,7 +125,7 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 	var refused []netip.Addr
 	defer func() {
 		if len(refused) > 0 {
-			klog.InfoS("IPVS: leaving out addresses that are not unicast", "servicePort", ps.Name.String(),
+			klog.InfoS("IPVS: leaving out addresses that are not unicast or are IPv6 link-local", "servicePort", ps.Name.String(),
 				"ipFamily", f.Name, "addresses", slices.Compact(slices.SortedFunc(slices.Values(refused), netip.Addr.Compare)))
 		}
 	}()
@@ -170,7 +176,7 @@ func render(ps *model.PortState, node *proxier.NodeConfig, sched string) *objs {
 		if !inFamily(a) {
 			return false
 		}
-		if !unicast(a) {
+		if !bindable(a) {
 			refused = append(refused, a)
 			return false
 		}
