@@ -127,7 +127,7 @@ func (mb *member) health() FamilyStatus {
 	st.HandlerPanics = mb.panics.Load()
 	// Before its first Run (the informers still listing) a family is as healthy
 	// as its proxier says, as kube-proxy's is while its caches sync: its first
-	// sync is queued from the start and times out like any change. Once started,
+	// sync counts from when Run starts and times out like any change. Once started,
 	// a family that is not running (between restarts) is unhealthy.
 	st.Healthy = st.Proxier.Healthy && (st.Running || !started)
 	return st

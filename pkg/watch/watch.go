@@ -115,7 +115,7 @@ func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Optio
 		}
 	}
 	essential := len(regs)
-	var cidrErr chan error // the ServiceCIDR reflector's first error
+	var cidrErr chan error // the ServiceCIDR reflector's first permanent error
 	if opts.ServiceCIDRs {
 		inf, err := add(kubeclient.ServiceCIDRs, nil, forProxy, handlers(h.OnServiceCIDRAdd, h.OnServiceCIDRUpdate, h.OnServiceCIDRDelete))
 		if err != nil {
@@ -124,6 +124,11 @@ func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Optio
 		cidrErr = make(chan error, 1)
 		err = inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
 			cache.DefaultWatchErrorHandler(ctx, r, err)
+			// Only an error that ends the wait takes the slot: a transient
+			// one kept there would make the wait drop a later refusal.
+			if !permanentListError(err) {
+				return
+			}
 			select {
 			case cidrErr <- err:
 			default:
@@ -153,8 +158,9 @@ func Start(ctx context.Context, client *kubeclient.Client, h Handler, opts Optio
 // waitServiceCIDRs waits for the ServiceCIDR handler's initial list, until the
 // reflector reports an error that retrying will not mend (forbidden, or not
 // served) or serviceCIDRGrace passes; then it logs that the proxy starts
-// without them. Other errors (a timeout, a refused connection while the API
-// server starts) are left to the reflector's retries within the grace.
+// without them. errs carries only such errors (permanentListError): others
+// (a timeout, a refused connection while the API server starts) are left to
+// the reflector's retries within the grace.
 func waitServiceCIDRs(ctx context.Context, reg cache.DoneChecker, errs <-chan error) error {
 	grace := time.NewTimer(serviceCIDRGrace)
 	defer grace.Stop()
@@ -166,9 +172,7 @@ func waitServiceCIDRs(ctx context.Context, reg cache.DoneChecker, errs <-chan er
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for informer caches: %w", context.Cause(ctx))
 		case err := <-errs:
-			if permanentListError(err) {
-				why = err
-			}
+			why = err
 		case <-grace.C:
 			why = "no answer in " + serviceCIDRGrace.String()
 		}

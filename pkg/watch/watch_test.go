@@ -183,6 +183,44 @@ func TestStartServiceCIDRs(t *testing.T) {
 			http.Error(w, `servicecidrs.networking.k8s.io is forbidden`, http.StatusForbidden)
 			return true
 		}), 0, time.Minute},
+		// A refusal that comes after a transient error, while the other
+		// lists are still held, ends the wait as soon as they are in: the
+		// earlier error does not take its place (the list then hangs, so no
+		// later refusal could end the wait instead).
+		{"timeout, then forbidden, before the Services list", func(streams http.Handler) http.Handler {
+			var n atomic.Int32
+			forbidden := make(chan struct{})
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case serviceCIDRsPath:
+					// Each attempt is a streaming list, then a LIST: the
+					// reflector reports the LIST's error.
+					if r.URL.Query().Get("watch") == "true" {
+						select {
+						case <-forbidden:
+							<-r.Context().Done()
+						default:
+							http.Error(w, `etcdserver: request timed out`, http.StatusInternalServerError)
+						}
+						return
+					}
+					switch n.Add(1) {
+					case 1:
+						http.Error(w, `etcdserver: request timed out`, http.StatusInternalServerError)
+					case 2:
+						http.Error(w, `servicecidrs.networking.k8s.io is forbidden`, http.StatusForbidden)
+						close(forbidden)
+					default:
+						<-r.Context().Done()
+					}
+					return
+				case liststream.ServicesPath:
+					<-forbidden
+					time.Sleep(200 * time.Millisecond) // for the reflector to report the refusal
+				}
+				streams.ServeHTTP(w, r)
+			})
+		}, 0, time.Minute},
 		{"hanging", cidrsAnswer(func(w http.ResponseWriter, r *http.Request) bool {
 			<-r.Context().Done()
 			return true
