@@ -100,6 +100,19 @@ func TestIPVSRepairAndCleanup(t *testing.T) {
 				}
 			}
 			e.expectRepair(t, f, "deleting the real servers", false, brokenVIP, works)
+			// 1c. Someone changes its settings (ipvsadm -E -p 300): it serves
+			// on, but the periodic check notices, as kube-proxy's IPVS mode sets
+			// them back at every sync.
+			if err := k.UpdateService(ipvs.Service{Key: vsKey, Scheduler: "rr", Persistent: true, Timeout: 300}); err != nil {
+				e.fatalf(t, "changing the virtual server: %v", err)
+			}
+			noticed := func(t *testing.T, f *family.Family, what string) {
+				t.Helper()
+				if !e.flushed(t, e.fam[f].vb) {
+					e.fatalf(t, "%s: the periodic check missed %s", f, what)
+				}
+			}
+			e.expectRepair(t, f, "changing the virtual server's persistence", false, noticed, works)
 			// 2. Someone unbinds the ClusterIP from the dummy link.
 			if err := k.DelAddr(vip(f).Addr()); err != nil {
 				e.fatalf(t, "unbinding the ClusterIP: %v", err)

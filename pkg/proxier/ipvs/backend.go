@@ -585,7 +585,8 @@ func (b *Backend) Flushed(ctx context.Context) bool {
 
 // drifted reports whether a virtual server, a bound address, an ipset member
 // or a real server the backend wrote is gone from the kernel (someone's
-// ipvsadm -D, -C or -d, ip addr del, ipset del): kube-proxy's IPVS mode
+// ipvsadm -D, -C or -d, ip addr del, ipset del), or a virtual server's
+// settings changed (ipvsadm -E): kube-proxy's IPVS mode
 // reconciles them at every sync, so the periodic check notices them and asks
 // for the full sync that repairs them. It costs one dump of the family's
 // virtual servers, one of the link's addresses, one per ipset, and one per
@@ -598,13 +599,20 @@ func (b *Backend) drifted() bool {
 	if err != nil {
 		return false
 	}
-	live := make(map[ipvs.Key]bool, len(svcs))
+	live := make(map[ipvs.Key]ipvs.Service, len(svcs))
 	for _, s := range svcs {
-		live[s.Key] = true
+		live[s.Key] = s
 	}
-	for k := range b.have {
-		if !live[k] {
+	for k, v := range b.have {
+		switch s, ok := live[k]; {
+		case !ok:
 			klog.V(2).InfoS("IPVS virtual server gone", "ipFamily", b.f.Name, "service", k.String())
+			return true
+		case s != v.svc:
+			// ipvsadm -E: another scheduler, persistence or timeout, which
+			// kube-proxy's IPVS mode sets back at every sync.
+			klog.V(2).InfoS("IPVS virtual server changed", "ipFamily", b.f.Name, "service", k.String(),
+				"scheduler", s.Scheduler, "persistent", s.Persistent, "timeout", s.Timeout)
 			return true
 		}
 	}

@@ -973,6 +973,14 @@ func TestFlushedDrift(t *testing.T) {
 				}
 			}},
 			{"ipvsadm -C", func(k *fakeKernel) { clear(k.svcs); clear(k.dests) }},
+			{"ipvsadm -E of the ClusterIP's scheduler and persistence", func(k *fakeKernel) {
+				for key, s := range k.svcs {
+					if key.Addr == vip {
+						s.Scheduler, s.Persistent, s.Timeout = "wrr", true, 300
+						k.svcs[key] = s
+					}
+				}
+			}},
 			{"ipvsadm -d of the ClusterIP's real server", func(k *fakeKernel) {
 				for key := range k.svcs {
 					if key.Addr == vip {
