@@ -452,8 +452,8 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 		// The periodic check of what someone else changed in the kernel: at
 		// every sync with nothing to do, and once per check period at a
 		// partial sync, so that a node whose changes keep coming (every sync
-		// partial, none idle) is repaired as soon, as kube-proxy's iptables
-		// canaries are polled whatever it syncs.
+		// partial, none idle) is checked as often as an idle one, as
+		// kube-proxy polls its iptables canaries whatever it syncs.
 		p.lastCheck = start
 		d, ok := p.cfg.Backend.(FlushDetector)
 		flushed := ok && d.Flushed(ctx)
