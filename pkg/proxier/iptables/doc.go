@@ -66,7 +66,11 @@
 // served" and "source not allowed" are told apart without tracking state.
 //
 // The rules a dispatch chain holds for service ports (its head) are disjoint, so
-// their order never matters and a sync may insert new ones at the top; rules
+// their order never matters and a sync may insert new ones at the top. (Not
+// when two Services claim one address and port, e.g. an ExternalIP that is
+// another Service's ClusterIP: the rule inserted last wins until a full
+// rewrite, which writes them in port-name order; kube-proxy writes them in
+// map order, so there too which one wins is not defined.) Rules
 // that must come last (the tail: the NodePort jump, the CIDR jumps, the DROP of
 // unallocated addresses) depend only on node settings, and a change of those
 // rewrites everything. The backend keeps every port's head rules with a count per
