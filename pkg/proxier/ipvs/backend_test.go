@@ -158,13 +158,13 @@ func (k *fakeKernel) EnsureLink() (bool, error) {
 }
 func (k *fakeKernel) Addrs() ([]netip.Addr, error) {
 	// As the real kernel's dump is read: without the link's own addresses.
-	return slices.Collect(func(yield func(netip.Addr) bool) {
-		for a := range k.addrs {
-			if !ipvs.KernelOwnAddr(a) && !yield(a) {
-				return
-			}
+	var out []netip.Addr
+	for a := range k.addrs {
+		if !ipvs.KernelOwnAddr(a) {
+			out = append(out, a)
 		}
-	}), nil
+	}
+	return out, nil
 }
 func (k *fakeKernel) AddAddr(a netip.Addr) error {
 	defer k.op()
