@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -25,7 +26,8 @@ type ipTablesResult struct {
 	ep        churn
 	add, del  churn
 	full      map[*family.Family][]time.Duration
-	rules     map[*family.Family]map[string]int // after the cold start, per table
+	check     map[*family.Family][]time.Duration // the periodic drift check (Flushed)
+	rules     map[*family.Family]map[string]int  // after the cold start, per table
 	direct    map[*family.Family][]time.Duration
 	clusterIP map[*family.Family][]time.Duration
 }
@@ -99,6 +101,9 @@ func runIPTablesSize(t *testing.T, n, changes, connects int) *ipTablesResult {
 	if r.full, err = nd.fullSyncs(ctx, 3); err != nil {
 		t.Fatalf("periodic full sync: %v", err)
 	}
+	if r.check, err = nd.driftChecks(ctx, 5); err != nil {
+		t.Fatalf("periodic check: %v", err)
+	}
 	var targets []netip.AddrPort
 	for _, f := range family.All {
 		targets = append(targets, netip.AddrPortFrom(pods[0].IP(f), 8080), netip.AddrPortFrom(ServiceIP(f, probe), 80))
@@ -113,6 +118,29 @@ func runIPTablesSize(t *testing.T, n, changes, connects int) *ipTablesResult {
 		t.Fatalf("cleanup: %v", err)
 	}
 	return r
+}
+
+// driftChecks runs the iptables backends' periodic drift check (what a sync
+// with nothing to do, or the first one after each check period, runs) k times
+// per family in the node's namespace, timing each; an undisturbed kernel that
+// reads as drift is an error.
+func (n *node) driftChecks(ctx context.Context, k int) (map[*family.Family][]time.Duration, error) {
+	out := map[*family.Family][]time.Duration{}
+	for range k {
+		for _, fp := range n.fams {
+			var flushed bool
+			start := time.Now()
+			err := netns.RunIn(n.c.Node, func() error { flushed = fp.ib.Flushed(ctx); return nil })
+			out[fp.f] = append(out[fp.f], time.Since(start))
+			if err != nil {
+				return out, err
+			}
+			if flushed {
+				return out, fmt.Errorf("%s: the check reads the undisturbed kernel as drift", fp.f)
+			}
+		}
+	}
+	return out, nil
 }
 
 // countRules counts an iptables-save's DSPROXY- rules per table.
@@ -147,10 +175,11 @@ func printIPTablesFigures(out io.Writer, rows []*ipTablesResult) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(out, "\niptables backend: one partial sync (one iptables-restore) per change, p50 / p99")
-	p("services", "family", "endpoint change", "service add", "service delete", "full sync (median)")
+	p("services", "family", "endpoint change", "service add", "service delete", "full sync (median)", "periodic check (median)")
 	for _, r := range rows {
 		for _, f := range family.All {
-			p(fmt.Sprint(r.n), f.Name, pp(r.ep.sync[f]), pp(r.add.sync[f]), pp(r.del.sync[f]), ms(percentile(r.full[f], 50)))
+			p(fmt.Sprint(r.n), f.Name, pp(r.ep.sync[f]), pp(r.add.sync[f]), pp(r.del.sync[f]), ms(percentile(r.full[f], 50)),
+				ms(percentile(r.check[f], 50)))
 		}
 	}
 	_ = tw.Flush()

@@ -4,12 +4,15 @@ package iptables
 
 import (
 	"context"
+	"maps"
 	"os"
 	"os/exec"
 	"runtime"
 	"testing"
 
 	vnetns "github.com/vishvananda/netns"
+
+	"github.com/dsproxy/dsproxy/pkg/family"
 )
 
 // TestDetectRealKernel: in a fresh network namespace Detect chooses the default
@@ -64,6 +67,48 @@ func TestDetectRealKernel(t *testing.T) {
 		}
 		if got, why := Detect(context.Background(), nil); got != FlavorNFT {
 			t.Errorf("canary in nf_tables: Detect = %q (%s), want nft", got, why)
+		}
+	}()
+	<-done
+}
+
+// TestRuleCountsRealKernel: in a fresh network namespace, both flavours and
+// both families count what a restore wrote, a declared empty chain as 0, and
+// leave a missing chain out; the nf_tables runner lists chain by chain, the
+// legacy one reads a save.
+func TestRuleCountsRealKernel(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread exits with its namespace
+		ns, err := vnetns.New()
+		if err != nil {
+			t.Errorf("new network namespace: %v", err)
+			return
+		}
+		defer ns.Close()
+		in := "*nat\n:DSPROXY-A - [0:0]\n:DSPROXY-B - [0:0]\n" +
+			"-A DSPROXY-A -p tcp -m tcp --dport 80 -j DSPROXY-B\n-A DSPROXY-A -p udp -m udp --dport 53 -j DSPROXY-B\n" +
+			"-A PREROUTING -j DSPROXY-A\nCOMMIT\n"
+		for _, fl := range []Flavor{FlavorNFT, FlavorLegacy} {
+			for _, f := range family.All {
+				r, err := New(f, fl)
+				if err != nil {
+					t.Errorf("%s %s: %v", f, fl, err)
+					continue
+				}
+				if err := r.Restore(context.Background(), []byte(in)); err != nil {
+					t.Errorf("%s %s: %v", f, fl, err)
+					continue
+				}
+				got, err := r.RuleCounts(context.Background(), "nat", []string{"DSPROXY-A", "DSPROXY-B", "DSPROXY-GONE", "PREROUTING"})
+				if want := map[string]int{"DSPROXY-A": 2, "DSPROXY-B": 0, "PREROUTING": 1}; err != nil || !maps.Equal(got, want) {
+					t.Errorf("%s %s: RuleCounts = %v, %v; want %v", f, fl, got, err, want)
+				}
+			}
 		}
 	}()
 	<-done

@@ -9,6 +9,7 @@ package iptables
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -36,6 +37,8 @@ const (
 type Runner struct {
 	f      *family.Family
 	flavor Flavor
+	// kernel is the flavour the binaries are (Resolve): how RuleCounts reads.
+	kernel Flavor
 	ipt    *goipt.IPTables
 }
 
@@ -62,6 +65,7 @@ func New(f *family.Family, flavor Flavor) (*Runner, error) {
 		return nil, fmt.Errorf("%s: %w", r.command(""), err)
 	}
 	r.ipt = ipt
+	r.kernel = Resolve(context.Background(), f, flavor)
 	return r, nil
 }
 
@@ -134,6 +138,74 @@ func (r *Runner) ChainExists(table, chain string) (bool, error) {
 		return false, fmt.Errorf("%s -t %s: listing chain %s: %w", r.command(""), table, chain, err)
 	}
 	return ok, nil
+}
+
+// RuleCounts returns how many rules each of chains holds in table; a chain
+// the table lacks is not in the map. The nf_tables binaries list each chain,
+// which reads only that chain from the kernel; the legacy ones read the whole
+// table for any listing, so there (and when the flavour is not known) it reads
+// one save of the table instead.
+func (r *Runner) RuleCounts(ctx context.Context, table string, chains []string) (map[string]int, error) {
+	if r.kernel != FlavorNFT {
+		save, err := r.Save(ctx, table)
+		if err != nil {
+			return nil, err
+		}
+		return CountRules(save, table, chains), nil
+	}
+	out := make(map[string]int, len(chains))
+	for _, ch := range chains {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		lines, err := r.ipt.List(table, ch)
+		if missing(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s -t %s -S %s: %w", r.command(""), table, ch, err)
+		}
+		n := 0
+		for _, l := range lines {
+			if strings.HasPrefix(l, "-A ") {
+				n++
+			}
+		}
+		out[ch] = n
+	}
+	return out, nil
+}
+
+// missing reports whether err is a listing's for a chain that does not exist.
+// iptables-nft 1.8.9 calls a missing chain "incompatible" (as it does one nft
+// wrote with expressions iptables cannot show, which is not the iptables
+// chain it is asked for either).
+func missing(err error) bool {
+	e := (*goipt.Error)(nil)
+	return errors.As(err, &e) && (e.IsNotExist() || strings.Contains(e.Error(), "is incompatible, use 'nft' tool"))
+}
+
+// CountRules returns how many rules each of chains holds in table's section of
+// a save; a chain the section does not declare is not in the map.
+func CountRules(save, table string, chains []string) map[string]int {
+	out := make(map[string]int, len(chains))
+	in := ""
+	for line := range strings.SplitSeq(save, "\n") {
+		switch {
+		case strings.HasPrefix(line, "*"):
+			in = line[1:]
+		case in != table:
+		case strings.HasPrefix(line, ":"): // the declarations come before the rules
+			if ch, _, _ := strings.Cut(line[1:], " "); slices.Contains(chains, ch) {
+				out[ch] = 0
+			}
+		case strings.HasPrefix(line, "-A "):
+			if ch, _, _ := strings.Cut(line[3:], " "); slices.Contains(chains, ch) {
+				out[ch]++
+			}
+		}
+	}
+	return out
 }
 
 // Chains returns, per table of a save, the chains whose names start with prefix.

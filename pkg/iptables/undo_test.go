@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -134,5 +135,23 @@ func TestChains(t *testing.T) {
 	}
 	if len(got["nat"]) != 0 {
 		t.Errorf("nat: got %v, want none", got["nat"])
+	}
+}
+
+// CountRules counts a chain's rules in the named table only, a declared empty
+// chain as 0, and leaves out chains the table does not declare.
+func TestCountRules(t *testing.T) {
+	chains := []string{"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-MARK-MASQ", "KUBE-PROXY-CANARY", "PREROUTING"}
+	for _, tc := range []struct {
+		table string
+		want  map[string]int
+	}{
+		{"nat", map[string]int{"KUBE-SERVICES": 1, "KUBE-MARK-MASQ": 1, "PREROUTING": 1}},
+		{"filter", map[string]int{"KUBE-NODEPORTS": 0, "KUBE-PROXY-CANARY": 0}},
+		{"raw", map[string]int{}},
+	} {
+		if got := CountRules(kubeProxySave, tc.table, chains); !maps.Equal(got, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.table, got, tc.want)
+		}
 	}
 }

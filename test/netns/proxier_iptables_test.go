@@ -15,15 +15,22 @@ import (
 )
 
 // TestIPTablesRepairAndCleanup is TestProxierRepairAndCleanup for the iptables
-// backend: a full sync on an untouched kernel repairs nothing; after someone
-// deletes the jump from nat PREROUTING, or flushes DSPROXY-SERVICES, traffic
-// breaks and the next full sync fixes it (the missing jump counted as a repair);
-// after a firewall reload empties every table, the next periodic check sync
-// notices (the canary chain is gone) and resyncs everything;
-// Cleanup removes every DSPROXY- chain and jump in both families and leaves
-// other rules alone.
+// backend, with the nf_tables and the legacy binaries: a full sync on an
+// untouched kernel repairs nothing; after someone deletes the jump from nat
+// PREROUTING, traffic breaks and the next full sync fixes it (the missing jump
+// counted as a repair); after someone flushes DSPROXY-SERVICES, deletes a rule
+// of DSPROXY-NODEPORTS, or reloads the firewall (every table emptied), the next
+// periodic check sync notices (a dispatch chain's rule count, or the canary
+// chain gone) and resyncs everything; Cleanup removes every DSPROXY- chain
+// and jump in both families and leaves other rules alone.
 func TestIPTablesRepairAndCleanup(t *testing.T) {
-	e := newProxyNodeMode(t, modeIPTables)
+	for _, mode := range []string{modeIPTables, modeIPTablesLegacy} {
+		t.Run(mode, func(t *testing.T) { testIPTablesRepairAndCleanup(t, mode) })
+	}
+}
+
+func testIPTablesRepairAndCleanup(t *testing.T, mode string) {
+	e := newProxyNodeMode(t, mode)
 	pods := []*NS{e.c.AddPod("pod-a"), e.c.AddPod("pod-b")}
 	client := e.c.AddPod("client")
 	for _, n := range pods {
@@ -34,6 +41,7 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 	e.apply(s)
 	e.sync(false)
 	vip := func(f *family.Family) netip.AddrPort { return netip.AddrPortFrom(testaddr.Svc(f, s.n), pxSvcPort) }
+	nodePort := func(f *family.Family) netip.AddrPort { return netip.AddrPortFrom(e.c.Node.IP(f), s.nodePortOf(TCP)) }
 	works := func(t *testing.T, f *family.Family) {
 		t.Helper()
 		for _, p := range []Proto{TCP, UDP} {
@@ -47,27 +55,43 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 			e.fatalf(t, "%s: the ClusterIP still answers (%v) after %s", f, r, what)
 		}
 	}
+	nodePortBroken := func(t *testing.T, f *family.Family, what string) {
+		t.Helper()
+		if r, err := Dial(e.c.External, TCP, nodePort(f), pxDropWait); err == nil {
+			e.fatalf(t, "%s: the TCP NodePort still answers (%v) after %s", f, r, what)
+		}
+	}
 	e.expectNoRepairs(t, "on an untouched kernel")
 	for _, f := range family.All {
 		t.Run(f.Name, func(t *testing.T) {
 			works(t, f)
-			ipt := f.IPTablesCommand
+			ipt := iptCommand(mode, f, "")
 			// 1. Someone deletes the jump from nat PREROUTING.
 			if out, err := Exec(e.c.Node, ipt, "-t", "nat", "-D", "PREROUTING", "-m", "comment", "--comment", "dsproxy service portals", "-j", "DSPROXY-SERVICES"); err != nil {
 				e.fatalf(t, "deleting the jump: %v %s", err, out)
 			}
 			e.expectRepair(t, f, "deleting the PREROUTING jump", true, broken, works)
-			// 2. Someone flushes the dispatch chain.
+			// 2. Someone flushes a dispatch chain, or deletes one rule of one:
+			// the periodic check (a sync with nothing to do) counts its rules.
 			if out, err := Exec(e.c.Node, ipt, "-t", "nat", "-F", "DSPROXY-SERVICES"); err != nil {
 				e.fatalf(t, "flushing DSPROXY-SERVICES: %v %s", err, out)
 			}
-			broken(t, f, "flushing DSPROXY-SERVICES")
-			e.syncFamily(f, true)
-			works(t, f)
+			e.expectRepair(t, f, "flushing DSPROXY-SERVICES", false, broken, works)
+			if out, err := Exec(e.c.Node, ipt, "-t", "nat", "-D", "DSPROXY-NODEPORTS", "1"); err != nil {
+				e.fatalf(t, "deleting a rule of DSPROXY-NODEPORTS: %v %s", err, out)
+			}
+			e.expectRepair(t, f, "deleting a NodePort rule", false, func(t *testing.T, f *family.Family, what string) {
+				t.Helper()
+				// The rule deleted is the first: TCP's or UDP's NodePort.
+				tcp, errT := Dial(e.c.External, TCP, nodePort(f), pxDropWait)
+				udp, errU := Dial(e.c.External, UDP, netip.AddrPortFrom(e.c.Node.IP(f), s.nodePortOf(UDP)), pxDropWait)
+				if errT == nil && errU == nil {
+					e.fatalf(t, "%s: both NodePorts still answer (%v, %v) after %s", f, tcp, udp, what)
+				}
+			}, works)
 			// 3. A firewall reload: every table of the family emptied, chains and
-			// all. The next periodic check (a sync with nothing to do) sees the
-			// canary gone and resyncs everything.
-			if out, err := ExecStdin(e.c.Node, strings.NewReader("*mangle\nCOMMIT\n*nat\nCOMMIT\n*filter\nCOMMIT\n"), ipt+"-restore"); err != nil {
+			// all. The canary is gone.
+			if out, err := ExecStdin(e.c.Node, strings.NewReader("*mangle\nCOMMIT\n*nat\nCOMMIT\n*filter\nCOMMIT\n"), iptCommand(mode, f, "-restore")); err != nil {
 				e.fatalf(t, "emptying the tables: %v %s", err, out)
 			}
 			e.expectRepair(t, f, "a firewall reload", false, broken, works)
@@ -77,6 +101,7 @@ func TestIPTablesRepairAndCleanup(t *testing.T) {
 		e.cleanupKeepsForeignRules(t, "DSPROXY", func(f *family.Family) error { return e.fam[f].ib.Cleanup(context.Background()) })
 		for _, f := range family.All {
 			broken(t, f, "cleanup")
+			nodePortBroken(t, f, "cleanup")
 		}
 	})
 }

@@ -25,6 +25,7 @@ type Runner interface {
 	Save(ctx context.Context, table string) (string, error)
 	EnsureRule(table, chain string, rule ...string) (bool, error)
 	ChainExists(table, chain string) (bool, error)
+	RuleCounts(ctx context.Context, table string, chains []string) (map[string]int, error)
 	HasRandomFully() bool
 }
 
@@ -162,26 +163,84 @@ var (
 	_ proxier.FlushDetector = (*Backend)(nil)
 )
 
-// chainCanary is an empty chain each full sync creates in canaryTables and no
-// other sync does: when it is gone, someone flushed the table (kube-proxy's
-// KUBE-PROXY-CANARY).
+// chainCanary is an empty chain each full sync creates in mangle, nat and filter
+// and no other sync does: when it is gone, someone flushed the table
+// (kube-proxy's KUBE-PROXY-CANARY).
 const chainCanary = Prefix + "CANARY"
 
-var canaryTables = []string{"mangle", "nat", "filter"}
-
-// Flushed implements proxier.FlushDetector: it reports whether a canary chain is
-// gone (or cannot be read) since the last successful full sync.
-func (b *Backend) Flushed(context.Context) bool {
+// Flushed implements proxier.FlushDetector: it reports whether, since the last
+// successful sync, a canary chain is gone (someone flushed a table) or a
+// dispatch chain holds another number of rules than the backend wrote
+// (someone flushed or edited it by hand), or either cannot be read. kube-proxy
+// rewrites its dispatch chains at every sync; a partial sync here writes only
+// what changed, so this check is what puts them back within a check period.
+// It lists the dispatch chains (with nf_tables, chain by chain; legacy: one
+// save per table), never a per-port chain.
+func (b *Backend) Flushed(ctx context.Context) bool {
 	if !b.synced {
 		return false // the next sync rewrites everything anyway
 	}
-	for _, t := range canaryTables {
-		if ok, err := b.r.ChainExists(t, chainCanary); err != nil || !ok {
-			klog.V(2).InfoS("Canary chain gone", "ipFamily", b.f.Name, "table", t, "err", err)
+	if ok, err := b.r.ChainExists("mangle", chainCanary); err != nil || !ok {
+		klog.V(2).InfoS("Canary chain gone", "ipFamily", b.f.Name, "table", "mangle", "err", err)
+		return true
+	}
+	for _, table := range []string{"nat", "filter"} {
+		chains := append(b.dispatchChains(table), chainCanary)
+		have, err := b.r.RuleCounts(ctx, table, chains)
+		if err != nil {
+			klog.V(2).InfoS("Cannot read the dispatch chains", "ipFamily", b.f.Name, "table", table, "err", err)
+			return true
+		}
+		if _, ok := have[chainCanary]; !ok {
+			klog.V(2).InfoS("Canary chain gone", "ipFamily", b.f.Name, "table", table)
+			return true
+		}
+		if d := b.dispatchDrift(table, have); len(d) > 0 {
+			klog.V(2).InfoS("Dispatch chain changed by someone else", "ipFamily", b.f.Name, "table", table,
+				"chain", d[0].chain, "rules", d[0].n, "want", d[0].want, "chainsChanged", len(d))
 			return true
 		}
 	}
 	return false
+}
+
+// dispatchChains lists table's dispatch chains, sorted.
+func (b *Backend) dispatchChains(table string) []string {
+	var out []string
+	for key := range b.tails {
+		if t, ch, _ := strings.Cut(key, " "); t == table {
+			out = append(out, ch)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// drift is a dispatch chain whose rule count in the kernel (-1: the chain is
+// missing) is not the one the backend wrote.
+type drift struct {
+	chain   string
+	n, want int
+}
+
+// dispatchDrift compares have, the rule counts of table's chains as the kernel
+// holds them (a missing chain left out), with what the syncs since the last
+// full one wrote into its dispatch chains, each head rule once and the tail,
+// and returns the chains that differ.
+func (b *Backend) dispatchDrift(table string, have map[string]int) []drift {
+	var out []drift
+	for _, ch := range b.dispatchChains(table) {
+		key := table + " " + ch
+		want := len(b.p.count[key]) + len(b.tails[key])
+		n, found := have[ch]
+		if !found {
+			n = -1
+		}
+		if n != want {
+			out = append(out, drift{ch, n, want})
+		}
+	}
+	return out
 }
 
 // New returns the backend of family f.
@@ -358,7 +417,7 @@ func (b *Backend) rewritePorts(ctx context.Context, c *config, st *model.State, 
 			shapes = append(shapes, &s)
 		}
 	}
-	existing, err := b.existingChains(ctx, reconcile)
+	existing, counts, err := b.existingChains(ctx, reconcile)
 	if err != nil {
 		return err
 	}
@@ -435,6 +494,11 @@ func (b *Backend) rewritePorts(ctx context.Context, c *config, st *model.State, 
 				res.Repairs++
 			}
 		}
+		// A dispatch chain flushed or edited by hand (b.p and b.tails are
+		// still what the last successful sync left).
+		for _, table := range []string{"nat", "filter"} {
+			res.Repairs += len(b.dispatchDrift(table, counts[table]))
+		}
 	}
 	b.p = p
 	return nil
@@ -443,24 +507,27 @@ func (b *Backend) rewritePorts(ctx context.Context, c *config, st *model.State, 
 // existingChains lists, per table, the DSPROXY- chains there before a rewrite
 // writes anything (chains to delete, and to count as repaired): as iptables-save
 // shows them when reconciling, else the dispatch chains and what the last
-// successful sync wrote.
-func (b *Backend) existingChains(ctx context.Context, reconcile bool) (map[string][]string, error) {
+// successful sync wrote. Reconciling, it also counts the rules of the dispatch
+// chains the last sync wrote, per table (for dispatchDrift).
+func (b *Backend) existingChains(ctx context.Context, reconcile bool) (map[string][]string, map[string]map[string]int, error) {
 	existing := map[string][]string{}
 	if !reconcile {
 		existing["nat"] = slices.Clone(natGlobal)
 		for _, chs := range b.p.chains {
 			existing["nat"] = append(existing["nat"], chs...)
 		}
-		return existing, nil
+		return existing, nil, nil
 	}
+	counts := map[string]map[string]int{}
 	for _, table := range []string{"nat", "filter"} {
 		save, err := b.r.Save(ctx, table)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		maps.Copy(existing, ipt.Chains(save, Prefix))
+		counts[table] = ipt.CountRules(save, table, b.dispatchChains(table))
 	}
-	return existing, nil
+	return existing, counts, nil
 }
 
 // changedPorts writes the chains of the ports in req.Changed (a deleted port's

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dsproxy/dsproxy/internal/porttest"
 	"github.com/dsproxy/dsproxy/pkg/family"
+	ipt "github.com/dsproxy/dsproxy/pkg/iptables"
 	"github.com/dsproxy/dsproxy/pkg/model"
 	"github.com/dsproxy/dsproxy/pkg/nfacct"
 	"github.com/dsproxy/dsproxy/pkg/nodeport"
@@ -65,6 +66,15 @@ func (r *fakeRunner) Restore(_ context.Context, data []byte) error {
 }
 
 func (r *fakeRunner) Save(context.Context, string) (string, error) { return r.save, nil }
+
+// RuleCounts counts in save, as the real runner's legacy flavour does; with
+// flushed every chain is gone. (kernelModel counts what the restores wrote.)
+func (r *fakeRunner) RuleCounts(_ context.Context, table string, chains []string) (map[string]int, error) {
+	if r.flushed {
+		return map[string]int{}, nil
+	}
+	return ipt.CountRules(r.save, table, chains), nil
+}
 
 func (r *fakeRunner) EnsureRule(table, chain string, rule ...string) (bool, error) {
 	if r.jumps == nil {
@@ -186,31 +196,44 @@ func TestPartialSyncTouchesOnlyChangedPorts(t *testing.T) {
 }
 
 // A full sync deletes DSPROXY- chains nothing wants (left by an earlier process)
-// and counts a missing jump from a built-in chain as a repair.
+// and counts a missing jump from a built-in chain, and a dispatch chain flushed
+// or added to by hand, as a repair.
 func TestFullSyncReconciles(t *testing.T) {
 	f := family.IPv4
-	b, r := newBackend(t, f)
+	k := &kernelModel{}
+	b, err := New(f, k, Options{MasqueradeBit: 14})
+	if err != nil {
+		t.Fatal(err)
+	}
 	a := port(f, "a", 1, 1)
 	stale := Prefix + "SVC-STALESTALESTALE"
-	r.save = "*nat\n:PREROUTING ACCEPT [0:0]\n:" + stale + " - [0:0]\n:" + chainServices + " - [0:0]\nCOMMIT\n"
+	k.tables = map[string]map[string][]string{"nat": {stale: {}, chainServices: {"-j " + stale}}}
 	res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)})
-	if !strings.Contains(r.last(), "-X "+stale+"\n") {
-		t.Errorf("full sync keeps a stale chain:\n%s", r.last())
+	if !strings.Contains(k.last(), "-X "+stale+"\n") {
+		t.Errorf("full sync keeps a stale chain:\n%s", k.last())
 	}
-	if strings.Contains(r.last(), "-X "+chainServices+"\n") {
-		t.Errorf("full sync deletes a dispatch chain:\n%s", r.last())
+	if strings.Contains(k.last(), "-X "+chainServices+"\n") {
+		t.Errorf("full sync deletes a dispatch chain:\n%s", k.last())
 	}
 	if res.Repairs != 0 {
 		t.Errorf("first sync: %d repairs, want 0", res.Repairs)
 	}
-	r.save = "*nat\n:" + chainServices + " - [0:0]\n:" + svcChain(a.Name) + " - [0:0]\nCOMMIT\n"
 	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)}); res.Repairs != 0 {
 		t.Errorf("full sync on an untouched kernel: %d repairs", res.Repairs)
 	}
 	j := jumps()[0]
-	delete(r.jumps, j.table+"/"+j.chain+"/"+strings.Join(j.rule, " "))
+	delete(k.jumps, j.table+"/"+j.chain+"/"+strings.Join(j.rule, " "))
 	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)}); res.Repairs != 1 {
 		t.Errorf("full sync after a jump was deleted: %d repairs, want 1", res.Repairs)
+	}
+	k.tables["nat"][chainServices] = nil
+	k.tables["filter"][chainForward] = append(k.tables["filter"][chainForward], "-j ACCEPT")
+	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)}); res.Repairs != 2 {
+		t.Errorf("full sync after nat %s was flushed and a rule appended to filter %s: %d repairs, want 2",
+			chainServices, chainForward, res.Repairs)
+	}
+	if n := len(k.tables["nat"][chainServices]); n == 0 {
+		t.Errorf("full sync left nat %s empty", chainServices)
 	}
 }
 
@@ -392,36 +415,67 @@ func TestRuleTotals(t *testing.T) {
 	}
 }
 
-// Flushed reports a flush only after a successful sync and while a canary chain
-// is missing; full syncs create the canaries, partial ones do not.
+// Flushed reports drift only after a successful sync, and then while a canary
+// chain is missing (full syncs create them, partial ones do not) or a dispatch
+// chain holds more or fewer rules than the syncs wrote.
 func TestFlushed(t *testing.T) {
 	f := family.IPv4
-	b, r := newBackend(t, f)
-	r.flushed = true
+	k := &kernelModel{}
+	b, err := New(f, k, Options{MasqueradeBit: 14})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if b.Flushed(context.Background()) {
 		t.Error("Flushed before any sync")
 	}
-	a := port(f, "a", 1, 1)
-	sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)})
-	if got := strings.Count(r.last(), ":"+chainCanary+" - [0:0]\n"); got != 3 {
-		t.Errorf("full sync declares %d canaries, want one in each of mangle, nat and filter:\n%s", got, r.last())
+	a, c := port(f, "a", 1, 1), port(f, "c", 2, 2, 3)
+	c.NodePort = 30002
+	st := state(a, c)
+	sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)})
+	if got := strings.Count(k.last(), ":"+chainCanary+" - [0:0]\n"); got != 3 {
+		t.Errorf("full sync declares %d canaries, want one in each of mangle, nat and filter:\n%s", got, k.last())
 	}
-	if !b.Flushed(context.Background()) {
-		t.Error("Flushed false with the canary gone")
-	}
-	r.flushed = false
 	if b.Flushed(context.Background()) {
-		t.Error("Flushed true with the canary there")
+		t.Fatal("Flushed true after a full sync")
 	}
-	sync(t, b, &proxier.SyncRequest{State: state(a), Changed: []model.ServicePortName{a.Name}, Node: node(f)})
-	if strings.Contains(r.last(), chainCanary) {
-		t.Errorf("partial sync recreates the canary:\n%s", r.last())
+	// What someone else does, each undone by a full sync.
+	for _, tc := range []struct {
+		what string
+		do   func(tables map[string]map[string][]string)
+	}{
+		{"mangle canary deleted", func(tb map[string]map[string][]string) { delete(tb["mangle"], chainCanary) }},
+		{"nat canary deleted", func(tb map[string]map[string][]string) { delete(tb["nat"], chainCanary) }},
+		{"nat dispatch chain flushed", func(tb map[string]map[string][]string) { tb["nat"][chainServices] = nil }},
+		{"nat dispatch rule deleted", func(tb map[string]map[string][]string) {
+			tb["nat"][chainNodePorts] = tb["nat"][chainNodePorts][1:]
+		}},
+		{"filter dispatch chain deleted", func(tb map[string]map[string][]string) { delete(tb["filter"], chainForward) }},
+		{"rule appended to a filter dispatch chain", func(tb map[string]map[string][]string) {
+			tb["filter"][chainFirewall] = append(tb["filter"][chainFirewall], "-j ACCEPT")
+		}},
+	} {
+		tc.do(k.tables)
+		if !b.Flushed(context.Background()) {
+			t.Errorf("%s: Flushed false", tc.what)
+		}
+		sync(t, b, &proxier.SyncRequest{Full: true, State: st, Node: node(f)})
+		if b.Flushed(context.Background()) {
+			t.Errorf("%s: Flushed true after the full sync", tc.what)
+		}
+	}
+	// Partial syncs keep the counts exact and do not write the canaries.
+	d := port(f, "d", 4, 4)
+	d.NodePort = 30004
+	st = state(a, d)
+	sync(t, b, &proxier.SyncRequest{State: st, Changed: []model.ServicePortName{c.Name, d.Name}, Node: node(f)})
+	if strings.Contains(k.last(), chainCanary) {
+		t.Errorf("partial sync recreates the canary:\n%s", k.last())
+	}
+	if b.Flushed(context.Background()) {
+		t.Error("Flushed true after a partial sync")
 	}
 }
 
-// A sync that rewrites everything commits the ports' chains in chunks of
-// MaxPortsPerTx and the dispatch chains last, so nothing jumps to a chain before
-// it is complete.
 func TestRewriteChunks(t *testing.T) {
 	f := family.IPv4
 	r := &fakeRunner{}
@@ -590,6 +644,42 @@ func (k *kernelModel) Restore(ctx context.Context, data []byte) error {
 	return nil
 }
 
+// Save renders table as iptables-save does (chains sorted): the kernel's
+// content, unless the test set fakeRunner.save.
+func (k *kernelModel) Save(ctx context.Context, table string) (string, error) {
+	if k.save != "" {
+		return k.fakeRunner.Save(ctx, table)
+	}
+	var out strings.Builder
+	out.WriteString("*" + table + "\n")
+	chains := slices.Sorted(maps.Keys(k.tables[table]))
+	for _, ch := range chains {
+		out.WriteString(":" + ch + " - [0:0]\n")
+	}
+	for _, ch := range chains {
+		for _, r := range k.tables[table][ch] {
+			out.WriteString("-A " + ch + " " + r + "\n")
+		}
+	}
+	out.WriteString("COMMIT\n")
+	return out.String(), nil
+}
+
+func (k *kernelModel) ChainExists(table, chain string) (bool, error) {
+	_, ok := k.tables[table][chain]
+	return ok, nil
+}
+
+func (k *kernelModel) RuleCounts(_ context.Context, table string, chains []string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, ch := range chains {
+		if rules, ok := k.tables[table][ch]; ok {
+			out[ch] = len(rules)
+		}
+	}
+	return out, nil
+}
+
 // canonical is the model's content with each chain's rules sorted, except the
 // order that matters: per-port chains and the tails are compared as written by
 // a full sync, so sorting both sides keeps "same rules" and the tail check below
@@ -668,6 +758,9 @@ func TestRandomPartialSyncs(t *testing.T) {
 					ports[name] = randomPort(i)
 				}
 				sync(t, b, &proxier.SyncRequest{State: st(), Changed: []model.ServicePortName{name}, Node: node(f)})
+				if b.Flushed(context.Background()) {
+					t.Fatalf("step %d (%s): the periodic check finds drift after partial syncs alone", step, name)
+				}
 				fresh := &kernelModel{}
 				fb, _ := New(f, fresh, Options{MasqueradeBit: 14, MaxPortsPerTx: 3})
 				sync(t, fb, &proxier.SyncRequest{Full: true, State: st(), Node: node(f)})
