@@ -113,6 +113,16 @@ func TestIPVSRepairAndCleanup(t *testing.T) {
 				}
 			}
 			e.expectRepair(t, f, "changing the virtual server's persistence", false, noticed, works)
+			// 1d. Someone changes a real server's weight (ipvsadm -e -w 5).
+			if ds, err = k.Dests(vsKey); err != nil || len(ds) == 0 {
+				e.fatalf(t, "real servers of %s: %v (%v)", vsKey, ds, err)
+			}
+			d := ds[0]
+			d.Weight = 5
+			if err := k.UpdateDest(vsKey, d); err != nil {
+				e.fatalf(t, "changing the real server's weight: %v", err)
+			}
+			e.expectRepair(t, f, "changing a real server's weight", false, noticed, works)
 			// 2. Someone unbinds the ClusterIP from the dummy link.
 			if err := k.DelAddr(vip(f).Addr()); err != nil {
 				e.fatalf(t, "unbinding the ClusterIP: %v", err)

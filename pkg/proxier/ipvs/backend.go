@@ -586,7 +586,8 @@ func (b *Backend) Flushed(ctx context.Context) bool {
 // drifted reports whether a virtual server, a bound address, an ipset member
 // or a real server the backend wrote is gone from the kernel (someone's
 // ipvsadm -D, -C or -d, ip addr del, ipset del), or a virtual server's
-// settings changed (ipvsadm -E): kube-proxy's IPVS mode
+// settings (ipvsadm -E) or a real server's weight (ipvsadm -e) changed:
+// kube-proxy's IPVS mode
 // reconciles them at every sync, so the periodic check notices them and asks
 // for the full sync that repairs them. It costs one dump of the family's
 // virtual servers, one of the link's addresses, one per ipset, and one per
@@ -645,8 +646,8 @@ func (b *Backend) drifted() bool {
 
 // driftedDests reads the real servers of the next destChecks virtual servers
 // (in key order, after destCursor, wrapping around) and reports whether one the
-// backend wrote with a weight is gone. Draining ones (weight 0) go on their
-// own.
+// backend wrote with a weight is gone or has another weight. Draining ones
+// (weight 0) go on their own.
 func (b *Backend) driftedDests() bool {
 	keys := slices.SortedFunc(maps.Keys(b.have), ipvs.Key.Compare)
 	if len(keys) == 0 {
@@ -666,13 +667,22 @@ func (b *Backend) driftedDests() bool {
 		if err != nil {
 			continue
 		}
-		live := make(map[netip.AddrPort]bool, len(ds))
+		live := make(map[netip.AddrPort]int, len(ds))
 		for _, d := range ds {
-			live[netip.AddrPortFrom(d.Addr, d.Port)] = true
+			live[netip.AddrPortFrom(d.Addr, d.Port)] = d.Weight
 		}
 		for _, d := range b.have[k].dests {
-			if d.Weight > 0 && !live[netip.AddrPortFrom(d.Addr, d.Port)] {
+			if d.Weight == 0 {
+				continue
+			}
+			switch w, ok := live[netip.AddrPortFrom(d.Addr, d.Port)]; {
+			case !ok:
 				klog.V(2).InfoS("IPVS real server gone", "ipFamily", b.f.Name, "service", k.String(), "realServer", netip.AddrPortFrom(d.Addr, d.Port))
+				return true
+			case w != d.Weight:
+				// ipvsadm -e -w: the full sync sets it back.
+				klog.V(2).InfoS("IPVS real server's weight changed", "ipFamily", b.f.Name, "service", k.String(),
+					"realServer", netip.AddrPortFrom(d.Addr, d.Port), "weight", w, "want", d.Weight)
 				return true
 			}
 		}

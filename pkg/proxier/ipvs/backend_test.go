@@ -988,6 +988,16 @@ func TestFlushedDrift(t *testing.T) {
 					}
 				}
 			}},
+			{"ipvsadm -e -w 5 of the ClusterIP's real server", func(k *fakeKernel) {
+				for key := range k.svcs {
+					if key.Addr == vip {
+						for a, d := range k.dests[key] {
+							d.Weight = 5
+							k.dests[key][a] = d
+						}
+					}
+				}
+			}},
 			{"ip addr del of the ClusterIP", func(k *fakeKernel) { delete(k.addrs, vip) }},
 			{"ipset del of the ClusterIP's member", func(k *fakeKernel) {
 				for e := range k.sets[setName(f, setClusterIP)] {
