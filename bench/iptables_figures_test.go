@@ -44,14 +44,23 @@ type ipTablesResult struct {
 //
 // DSPROXY_BENCH_CHANGES (endpoint changes, default 100; service add/delete pairs
 // are half as many) and DSPROXY_BENCH_CONNECTS (connections per target, default
-// 1000) select the work.
+// 1000) select the work; DSPROXY_BENCH_IPTABLES=legacy runs the legacy binaries
+// instead of the default ones (iptables-nft on Debian).
 func TestIPTablesFigures(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")
 	}
+	mode, suffix := "iptables", ""
+	switch v := os.Getenv("DSPROXY_BENCH_IPTABLES"); v {
+	case "":
+	case "legacy":
+		mode, suffix = "iptables-legacy", "-legacy"
+	default:
+		t.Fatalf("DSPROXY_BENCH_IPTABLES=%q: want legacy or nothing", v)
+	}
 	for _, f := range family.All {
-		if _, err := exec.LookPath(f.IPTablesCommand + "-restore"); err != nil {
-			t.Skipf("no %s-restore", f.IPTablesCommand)
+		if _, err := exec.LookPath(f.IPTablesCommand + suffix + "-restore"); err != nil {
+			t.Skipf("no %s%s-restore", f.IPTablesCommand, suffix)
 		}
 	}
 	sizes := envInts(t, "DSPROXY_BENCH_SIZES", []int{1000})
@@ -60,7 +69,7 @@ func TestIPTablesFigures(t *testing.T) {
 	var rows []*ipTablesResult
 	for _, n := range sizes {
 		t.Run(fmt.Sprintf("services=%d", n), func(t *testing.T) {
-			r := runIPTablesSize(t, n, changes, connects)
+			r := runIPTablesSize(t, n, changes, connects, mode, suffix)
 			printIPTablesFigures(os.Stdout, []*ipTablesResult{r})
 			rows = append(rows, r)
 		})
@@ -71,21 +80,21 @@ func TestIPTablesFigures(t *testing.T) {
 	}
 }
 
-func runIPTablesSize(t *testing.T, n, changes, connects int) *ipTablesResult {
+func runIPTablesSize(t *testing.T, n, changes, connects int, mode, suffix string) *ipTablesResult {
 	ctx := t.Context()
 	c, pods, client := probeCluster(t)
 	w := Workload{Services: n, EndpointsPerFamily: 10, NodePortEvery: nodePortEvery(n), NodeName: benchNodeName}
 	probe := n / 2
-	nd := newNodeMode(t, c, w, probe, pods, "iptables")
+	nd := newNodeMode(t, c, w, probe, pods, mode)
 	r := &ipTablesResult{n: n, rules: map[*family.Family]map[string]int{}}
 	var err error
 	if r.cold, err = nd.coldStart(ctx); err != nil {
 		t.Fatalf("cold start: %v", err)
 	}
 	for _, fp := range nd.fams {
-		out, err := netns.Exec(c.Node, fp.f.IPTablesCommand+"-save")
+		out, err := netns.Exec(c.Node, fp.f.IPTablesCommand+suffix+"-save")
 		if err != nil {
-			t.Fatalf("%s-save: %v", fp.f.IPTablesCommand, err)
+			t.Fatalf("%s%s-save: %v", fp.f.IPTablesCommand, suffix, err)
 		}
 		r.rules[fp.f] = countRules(out)
 	}

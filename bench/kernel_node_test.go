@@ -181,7 +181,8 @@ func newNode(tb interface {
 	return newNodeMode(tb, c, w, probe, pods, "nftables")
 }
 
-// newNodeMode is newNode with the backend of mode, "nftables" or "iptables".
+// newNodeMode is newNode with the backend of mode: "nftables", "iptables" (the
+// node's default iptables binaries) or "iptables-legacy".
 func newNodeMode(tb interface {
 	Helper()
 	Fatal(...any)
@@ -192,8 +193,12 @@ func newNodeMode(tb interface {
 	for _, f := range family.All {
 		fp := &familyProxier{f: f}
 		var backend proxier.Backend
-		if mode == "iptables" {
-			r, err := ipt.New(f, ipt.FlavorDefault)
+		if mode == "iptables" || mode == "iptables-legacy" {
+			flavor := ipt.FlavorDefault
+			if mode == "iptables-legacy" {
+				flavor = ipt.FlavorLegacy
+			}
+			r, err := ipt.New(f, flavor)
 			if err != nil {
 				tb.Fatal(err)
 			}

@@ -155,3 +155,13 @@ func TestCountRules(t *testing.T) {
 		}
 	}
 }
+
+// A declaration after a chain's rules (which iptables-save never writes) does
+// not reset its count, and a line longer than bufio's default buffer is read.
+func TestCountRulesOrderAndLongLines(t *testing.T) {
+	long := "-A DSPROXY-A -m comment --comment \"" + strings.Repeat("x", 100<<10) + "\" -j ACCEPT"
+	save := "*nat\n-A DSPROXY-A -j ACCEPT\n:DSPROXY-A - [0:0]\n" + long + "\nCOMMIT\n"
+	if got := CountRules(save, "nat", []string{"DSPROXY-A"}); got["DSPROXY-A"] != 2 {
+		t.Errorf("got %v, want DSPROXY-A: 2", got)
+	}
+}

@@ -706,13 +706,19 @@ type checkingBackend struct {
 	recordingBackend
 	checks  int
 	flushed bool
+	synced  []int // the backend syncs done at each check
 }
 
-func (b *checkingBackend) Flushed(context.Context) bool { b.checks++; return b.flushed }
+func (b *checkingBackend) Flushed(context.Context) bool {
+	b.checks++
+	b.synced = append(b.synced, len(b.reqs))
+	return b.flushed
+}
 
-// The drift check runs at every idle sync and, while changes keep coming (no
-// sync idle), at the first partial sync once the check period has passed since
-// the last check or full sync; a flush it finds makes that sync full.
+// The drift check runs at every idle sync (a flush it finds makes that sync
+// full) and, while changes keep coming (no sync idle), after the first partial
+// sync once the check period has passed since the last check or full sync (a
+// flush it finds makes the next sync full).
 func TestDriftCheckUnderChurn(t *testing.T) {
 	ctx := context.Background()
 	for _, f := range family.All {
@@ -745,15 +751,26 @@ func TestDriftCheckUnderChurn(t *testing.T) {
 			if r := change(); r.Full || len(r.Changed) != 1 || b.checks != 1 {
 				t.Fatalf("a change once the check was due: full %v, changed %v, %d checks; want a check", r.Full, r.Changed, b.checks)
 			}
+			if b.synced[0] != len(b.reqs) {
+				t.Fatalf("the due check ran before the change was programmed (%d of %d backend syncs done)", b.synced[0], len(b.reqs))
+			}
 			if r := change(); r.Full || b.checks != 1 {
 				t.Fatalf("a change right after a check: full %v, %d checks", r.Full, b.checks)
 			}
 			p.lastCheck = time.Now().Add(-2 * time.Minute)
 			b.flushed = true
-			if r := change(); !r.Full || b.checks != 2 {
-				t.Fatalf("a flush found at a due check: full %v, %d checks; want a full sync", r.Full, b.checks)
+			// The check runs after the change is programmed: the change's sync
+			// stays partial, the next one is full.
+			if r := change(); r.Full || len(r.Changed) != 1 || b.checks != 2 {
+				t.Fatalf("a flush found at a due check: full %v, changed %v, %d checks; want a partial sync, then the check", r.Full, r.Changed, b.checks)
 			}
 			b.flushed = false
+			if r := change(); !r.Full || b.checks != 2 {
+				t.Fatalf("the sync after a flush was found: full %v, %d checks; want a full sync", r.Full, b.checks)
+			}
+			if r := change(); r.Full {
+				t.Fatal("the sync after that full one: full, want partial")
+			}
 			n := len(b.reqs)
 			if err := p.Sync(ctx, false); err != nil || b.checks != 3 || len(b.reqs) != n {
 				t.Fatalf("an idle sync: %d checks, %d backend syncs (%v); want a check and no sync", b.checks, len(b.reqs)-n, err)

@@ -174,8 +174,9 @@ const chainCanary = Prefix + "CANARY"
 // (someone flushed or edited it by hand), or either cannot be read. kube-proxy
 // rewrites its dispatch chains at every sync; a partial sync here writes only
 // what changed, so this check is what puts them back within a check period.
-// It lists the dispatch chains (with nf_tables, chain by chain; legacy: one
-// save per table), never a per-port chain.
+// It counts the dispatch chains only: with nf_tables it lists those, chain
+// by chain; legacy iptables reads any chain with its whole table, so there it
+// reads one save of nat and one of filter.
 func (b *Backend) Flushed(ctx context.Context) bool {
 	if !b.synced {
 		return false // the next sync rewrites everything anyway
@@ -489,9 +490,13 @@ func (b *Backend) rewritePorts(ctx context.Context, c *config, st *model.State, 
 		for _, ch := range existing["nat"] {
 			have[ch] = true
 		}
-		for ch := range want {
-			if !have[ch] {
-				res.Repairs++
+		// A chain the last sync wrote, still wanted, that the kernel lacks
+		// (a new port's chains are no repair).
+		for _, chs := range b.p.chains {
+			for _, ch := range chs {
+				if want[ch] && !have[ch] {
+					res.Repairs++
+				}
 			}
 		}
 		// A dispatch chain flushed or edited by hand (b.p and b.tails are

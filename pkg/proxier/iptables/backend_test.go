@@ -221,6 +221,16 @@ func TestFullSyncReconciles(t *testing.T) {
 	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)}); res.Repairs != 0 {
 		t.Errorf("full sync on an untouched kernel: %d repairs", res.Repairs)
 	}
+	// What changed since the last sync is no repair: its chains and dispatch
+	// rules are compared with what that sync wrote.
+	c := port(f, "c", 2, 2, 3)
+	c.NodePort = 30002
+	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a, c), Node: node(f)}); res.Repairs != 0 {
+		t.Errorf("full sync adding a NodePort Service on an untouched kernel: %d repairs", res.Repairs)
+	}
+	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)}); res.Repairs != 0 {
+		t.Errorf("full sync deleting a NodePort Service on an untouched kernel: %d repairs", res.Repairs)
+	}
 	j := jumps()[0]
 	delete(k.jumps, j.table+"/"+j.chain+"/"+strings.Join(j.rule, " "))
 	if res := sync(t, b, &proxier.SyncRequest{Full: true, State: state(a), Node: node(f)}); res.Repairs != 1 {
@@ -474,8 +484,27 @@ func TestFlushed(t *testing.T) {
 	if b.Flushed(context.Background()) {
 		t.Error("Flushed true after a partial sync")
 	}
+	// A change of the other family's reserved NodePorts rewrites one tail
+	// whole; another node change rewrites everything.
+	n := node(f)
+	n.ReservedNodePorts = []nodeport.Key{{Protocol: v1.ProtocolTCP, Port: 30999}}
+	if res := sync(t, b, &proxier.SyncRequest{State: st, Node: n, NodeChanged: true}); !res.PartialRestore {
+		t.Fatal("reserving a NodePort: not a partial sync")
+	}
+	if b.Flushed(context.Background()) {
+		t.Error("Flushed true after reserving a NodePort")
+	}
+	n = node(f)
+	n.MasqueradeAll = true
+	sync(t, b, &proxier.SyncRequest{State: st, Node: n, NodeChanged: true})
+	if b.Flushed(context.Background()) {
+		t.Error("Flushed true after a node change")
+	}
 }
 
+// A sync that rewrites everything commits the ports' chains in chunks of
+// MaxPortsPerTx and the dispatch chains last, so nothing jumps to a chain before
+// it is complete.
 func TestRewriteChunks(t *testing.T) {
 	f := family.IPv4
 	r := &fakeRunner{}

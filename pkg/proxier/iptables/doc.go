@@ -75,8 +75,8 @@
 // unallocated addresses) depend only on node settings, and a change of those
 // rewrites everything. The backend keeps every port's head rules with a count per
 // rule, so a partial sync costs what its changed ports cost, whatever the number
-// of Services. Because partial syncs never rewrite a dispatch chain whole, the
-// periodic check (Flushed) counts each one's rules in the kernel against those
-// counts and the tails: one flushed or edited by hand, like a table flushed
-// (the canary chains gone), makes the next sync a full one.
+// of Services. Because partial syncs rewrite a dispatch chain whole only when
+// its tail changes, the periodic check (Flushed) counts each one's rules in the
+// kernel against those counts and the tails: one flushed or edited by hand,
+// like a table flushed (the canary chains gone), brings a full sync.
 package iptables
