@@ -3,8 +3,10 @@ package proxier
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -777,4 +779,81 @@ func TestDriftCheckUnderChurn(t *testing.T) {
 			}
 		})
 	}
+}
+
+// countingBackend counts syncs and drift checks; safe for a running proxier.
+type countingBackend struct {
+	mu            sync.Mutex
+	syncs, checks int
+	lastFull      bool
+}
+
+func (b *countingBackend) Sync(_ context.Context, req *SyncRequest) (SyncResult, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.syncs++
+	b.lastFull = req.Full
+	return SyncResult{}, nil
+}
+
+func (b *countingBackend) Cleanup(context.Context) error { return nil }
+
+func (b *countingBackend) Flushed(context.Context) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.checks++
+	return false
+}
+
+func (b *countingBackend) counts() (syncs, checks int, full bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.syncs, b.checks, b.lastFull
+}
+
+// A Node update that changes nothing a sync reads of the Node (status,
+// annotations, other labels) syncs nothing, not even a sync with nothing to
+// do (which would run the drift check); a new zone label syncs everything.
+func TestNodeUpdateSyncsOnlyOnZoneChange(t *testing.T) {
+	f := family.IPv4
+	b := &countingBackend{}
+	p, err := New(Config{Family: f, NodeName: "node-a", Backend: b, NodeIP: testaddr.Node(f, 1),
+		Addrs: nodeport.AddrListerFunc(func() ([]netip.Addr, error) { return []netip.Addr{testaddr.Node(f, 1)}, nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "z1"}}}
+	p.OnNodeAdd(node)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = p.Run(ctx) }()
+	wait := func(what string, ok func(syncs, checks int, full bool) bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			s, c, full := b.counts()
+			if ok(s, c, full) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d syncs, %d checks", what, s, c)
+			}
+		}
+	}
+	wait("the first sync", func(s, _ int, _ bool) bool { return s == 1 })
+	for i := range 3 {
+		n := node.DeepCopy()
+		n.Annotations = map[string]string{"heartbeat": fmt.Sprint(i)}
+		n.Labels["other"] = fmt.Sprint(i)
+		n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
+		p.OnNodeUpdate(node, n)
+		node = n
+	}
+	time.Sleep(100 * time.Millisecond)
+	if s, c, _ := b.counts(); s != 1 || c != 0 {
+		t.Fatalf("after Node updates that change no zone: %d syncs, %d checks; want the first sync only", s, c)
+	}
+	n := node.DeepCopy()
+	n.Labels[v1.LabelTopologyZone] = "z2"
+	p.OnNodeUpdate(node, n)
+	wait("a new zone", func(s, _ int, full bool) bool { return s == 2 && full })
 }
