@@ -212,7 +212,9 @@ func missing(err error) bool {
 // CountRules returns how many rules each of chains holds in table's section of
 // a save; a chain the section does not declare is not in the map.
 func CountRules(save, table string, chains []string) map[string]int {
-	out, _ := countRules(strings.NewReader(save), table, chains) // a string reads without error
+	// Only a line past the scanner's 1 MiB would end the read early; a save's
+	// longest (a comment is at most 256 characters) is far from it.
+	out, _ := countRules(strings.NewReader(save), table, chains)
 	return out
 }
 
