@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -178,11 +179,17 @@ func kubeProxyParity(t *testing.T, e *env, runs ...string) {
 				x.waitServing(t, "kube-proxy "+run, netip.Addr.Is6)
 			}
 		}
-		// Probe once kube-proxy has ended every sync it queued: the node's
-		// zone may have come after its first one (trafficDistribution).
+		// Probe once kube-proxy has the node's zone (trafficDistribution),
+		// which may come after its first sync, and has ended a sync after
+		// that and every sync it queued.
 		caughtUp := time.Now()
-		behind := waitKubeProxyCaughtUp(e, 4*time.Minute)
-		t.Logf("kube-proxy %s: the wait for its queued syncs took %v", run, time.Since(caughtUp).Round(time.Millisecond))
+		zoneAt, ok := kp.topologyChange(4 * time.Minute)
+		if !ok {
+			kp.stop()
+			e.fatalf(t, "kube-proxy %s: no call of its topology handler logged after 4m:\n%s", run, kp.tail())
+		}
+		behind := waitKubeProxyCaughtUp(e, zoneAt, 4*time.Minute)
+		t.Logf("kube-proxy %s: the wait for its zone (handed over at %s) and its queued syncs took %v", run, zoneAt.Format("15:04:05.000000"), time.Since(caughtUp).Round(time.Millisecond))
 		if len(behind) > 0 && mode != "ipvs" {
 			kp.stop()
 			e.fatalf(t, "kube-proxy %s: the last sync queued for %v not ended after 4m; its errors:\n%s", run, behind, kp.errors())
@@ -799,5 +806,28 @@ func waitHealthy(e *env, addr string, within time.Duration) error {
 			return fmt.Errorf("/healthz on %s answers %q (%v), not 200, after %v", addr, out, err, within)
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// TestTopologyChangeTime checks that topologyChange finds the topology
+// handler's call in a kube-proxy log and reads its klog time.
+func TestTopologyChangeTime(t *testing.T) {
+	kp := &kubeProxyProc{log: filepath.Join(t.TempDir(), "kube-proxy.log")}
+	now := time.Now()
+	at := now.Add(-90 * time.Second).Truncate(time.Microsecond)
+	log := at.Add(-time.Second).Format("I0102 15:04:05.000000") + `   42 config.go:328] "Calling handler.OnNodeChange"` + "\n" +
+		at.Format("I0102 15:04:05.000000") + `   42 config.go:528] "Calling handler.OnTopologyChange"` + "\n"
+	if err := os.WriteFile(kp.log, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := kp.topologyChange(0)
+	if !ok || !got.Equal(at) {
+		t.Fatalf("topologyChange = %v, %v; want %v, true", got, ok, at)
+	}
+	if err := os.WriteFile(kp.log, []byte(at.Format("I0102 15:04:05.000000")+`   42 config.go:328] "Calling handler.OnNodeChange"`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := kp.topologyChange(0); ok {
+		t.Fatalf("topologyChange without the handler's line = %v, true; want false", got)
 	}
 }

@@ -1185,8 +1185,9 @@ func waitKubeProxyIPVSRules(e *env, within time.Duration) (missing []string) {
 // lock, then queues another), and under the guest's emulation an IPVS sync
 // takes minutes: probing then finds trafficDistribution not yet applied. It
 // returns the families ("iptables-save", "ip6tables-save", as
-// waitKubeProxyIPVSRules) still behind after within.
-func waitKubeProxyCaughtUp(e *env, within time.Duration) (behind []string) {
+// waitKubeProxyIPVSRules) still behind after within. A family's last sync must
+// also have ended at or after after (zero: any).
+func waitKubeProxyCaughtUp(e *env, after time.Time, within time.Duration) (behind []string) {
 	value := regexp.MustCompile(`(?m)^kubeproxy_sync_proxy_rules_last_(queued_)?timestamp_seconds\{ip_family="(IPv[46])"\} (\S+)$`)
 	caughtUp := func() map[string]bool {
 		out, err := netns.Exec(e.c.Node, "curl", "-sf", "--max-time", "5", "http://127.0.0.1:10349/metrics")
@@ -1207,7 +1208,7 @@ func waitKubeProxyCaughtUp(e *env, within time.Duration) (behind []string) {
 		}
 		ok := map[string]bool{}
 		for f, q := range queued {
-			if s, has := synced[f]; has && s >= q {
+			if s, has := synced[f]; has && s >= q && s >= float64(after.UnixMicro())/1e6 {
 				ok[f] = true
 			}
 		}
@@ -1446,7 +1447,9 @@ func startKubeProxyFile(t *testing.T, e *env, mode, cfg string) *kubeProxyProc {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	kp.cmd = exec.Command("ip", "netns", "exec", e.c.Node.NetnsName, filepath.Join(e.cp.Bin, "kube-proxy"), "--config", cfg, "-v=2")
+	// config.go at 4 logs the calls of its handlers, the node's zone among
+	// them (topologyChange).
+	kp.cmd = exec.Command("ip", "netns", "exec", e.c.Node.NetnsName, filepath.Join(e.cp.Bin, "kube-proxy"), "--config", cfg, "-v=2", "--vmodule=config=4")
 	kp.cmd.Stdout, kp.cmd.Stderr = f, f
 	if err := kp.cmd.Start(); err != nil {
 		t.Fatalf("start kube-proxy: %v", err)
@@ -1479,6 +1482,44 @@ func (kp *kubeProxyProc) stop() error {
 func (kp *kubeProxyProc) tail() string {
 	data, _ := os.ReadFile(kp.log)
 	return framework.Tail(string(data), 30)
+}
+
+// klogHeader is the start of a klog text line: severity, month and day, time
+// of day.
+var klogHeader = regexp.MustCompile(`^[IWEF](\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) `)
+
+// topologyChange waits up to within for kube-proxy to log that it hands the
+// node's topology labels (its zone) to its proxier, and returns when it logged
+// that. kube-proxy learns the zone from its Node informer alone, whose event
+// may come after its first sync. ok is false when no such line came.
+func (kp *kubeProxyProc) topologyChange(within time.Duration) (at time.Time, ok bool) {
+	deadline := time.Now().Add(within)
+	for {
+		data, _ := os.ReadFile(kp.log)
+		for line := range strings.Lines(string(data)) {
+			if !strings.Contains(line, "Calling handler.OnTopologyChange") {
+				continue
+			}
+			m := klogHeader.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			now := time.Now()
+			at, err := time.ParseInLocation("0102 15:04:05.000000", m[1], time.Local)
+			if err != nil {
+				continue
+			}
+			at = at.AddDate(now.Year(), 0, 0)
+			if at.After(now.Add(time.Hour)) { // logged last year, read after New Year
+				at = at.AddDate(-1, 0, 0)
+			}
+			return at, true
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, false
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // errors returns the last 20 error lines of kube-proxy's log.
