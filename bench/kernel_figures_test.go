@@ -75,6 +75,8 @@ const latencyRounds = 10
 // DSPROXY_BENCH_COUNT_SPREAD=K (1 … probePods−1) gives the other Services 1 … K
 // endpoints instead of 10: K distinct endpoint counts (dispatch groups), all below
 // the probe Service's (when each group was a rule, its first packets walked them).
+// DSPROXY_BENCH_TX_ELEMENTS=N sets the nftables backend's MaxElementsPerTx (the
+// cold start's transaction size).
 func TestKernelFigures(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")

@@ -213,7 +213,13 @@ func newNodeMode(tb interface {
 			}
 			tb.Cleanup(func() { _ = nl.Close() })
 			fp.k = &timedKernel{Kernel: nl}
-			backend = nftables.New(f, fp.k, nftables.Options{})
+			var opts nftables.Options
+			if v := os.Getenv("DSPROXY_BENCH_TX_ELEMENTS"); v != "" {
+				if opts.MaxElementsPerTx, err = strconv.Atoi(v); err != nil {
+					tb.Fatal(fmt.Sprintf("DSPROXY_BENCH_TX_ELEMENTS=%q: %v", v, err))
+				}
+			}
+			backend = nftables.New(f, fp.k, opts)
 		}
 		p, err := proxier.New(proxier.Config{
 			Family:    f,
