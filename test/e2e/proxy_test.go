@@ -1180,13 +1180,13 @@ func waitKubeProxyIPVSRules(e *env, within time.Duration) (missing []string) {
 // waitKubeProxyCaughtUp waits until, in each family, kube-proxy (metrics on
 // 127.0.0.1:10349 in the node) has ended a sync after the last one it queued:
 // kubeproxy_sync_proxy_rules_last_timestamp_seconds at or past
-// kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds. Its first sync can
-// end before the node's zone reaches it (its Node event waits for the sync's
-// lock, then queues another), and under the guest's emulation an IPVS sync
-// takes minutes: probing then finds trafficDistribution not yet applied. It
-// returns the families ("iptables-save", "ip6tables-save", as
-// waitKubeProxyIPVSRules) still behind after within. A family's last sync must
-// also have ended at or after after (zero: any).
+// kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds, and at or after
+// after (zero: any). Its first sync can run without the node's zone: a Node
+// event during a sync queues another, which the timestamps show, but one not
+// delivered yet queues nothing, so the caller passes the time the zone was
+// handed over (kubeProxyProc.topologyChange). Under the guest's emulation an
+// IPVS sync takes minutes. It returns the families ("iptables-save",
+// "ip6tables-save", as waitKubeProxyIPVSRules) still behind after within.
 func waitKubeProxyCaughtUp(e *env, after time.Time, within time.Duration) (behind []string) {
 	value := regexp.MustCompile(`(?m)^kubeproxy_sync_proxy_rules_last_(queued_)?timestamp_seconds\{ip_family="(IPv[46])"\} (\S+)$`)
 	caughtUp := func() map[string]bool {
