@@ -49,7 +49,7 @@ test-e2e:
 	hack/controlplane/build.sh
 	hack/kubegates/gen.sh --check
 	$(GO) test -count=1 -tags e2e,netns -p 1 -timeout 20m ./test/e2e/...
-	$(GO) test -count=1 -tags e2e,netns -run '^(TestConnectTimes|TestParseStatTicks|TestTreeCPUTicksCountsRunningDescendants|TestPlotLines|TestConnectFloor|TestLoadCount|TestMergeCountSpread|TestTargets|TestRenderAgain|TestInformersSynced|TestParseSchedStat|TestPollFirst|TestRuns|TestParseAPIW3Metrics|TestCPUGroup|TestAwaitEarlierLoads|TestEventControlPlaneSched|TestRatioSameMode)$$' ./bench/e2e/
+	$(GO) test -count=1 -tags e2e,netns -run '^(TestConnectTimes|TestParseStatTicks|TestTreeCPUTicksCountsRunningDescendants|TestPlotLines|TestConnectFloor|TestLoadCount|TestMergeCountSpread|TestTargets|TestRenderAgain|TestInformersSynced|TestParseSchedStat|TestPollFirst|TestRuns|TestParseAPIW3Metrics|TestCPUGroup|TestAwaitEarlierLoads|TestEventControlPlaneSched|TestRatioSameMode|TestEtcdLoad)$$' ./bench/e2e/
 
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./pkg/endpointslice:FuzzIngest ./pkg/model:FuzzServicePorts \

@@ -73,6 +73,8 @@ type load struct {
 	baselineDone bool
 	// events are the watch events of ns, for the API / proxy split of W2 and W3.
 	events *eventLog
+	// etcd is set with -load=etcd: grow writes into etcd (etcdload_test.go).
+	etcd *etcdLoad
 }
 
 // awaitEarlierLoads waits until the namespaces of earlier runs' loads that are
@@ -161,6 +163,21 @@ func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int, spread int) 
 			return nil, err
 		}
 	}
+	switch *flagLoad {
+	case "api":
+	case "etcd":
+		if l.etcd, err = newEtcdLoad(context.Background(), l); err != nil {
+			return nil, fmt.Errorf("-load=etcd: %w", err)
+		}
+		// Before the namespace's deletion (cleanups run last first).
+		t.Cleanup(func() {
+			if err := l.cleanEtcd(context.Background()); err != nil {
+				t.Errorf("-load=etcd: deleting the load from etcd: %v", err)
+			}
+		})
+	default:
+		return nil, fmt.Errorf("-load=%q: want api or etcd", *flagLoad)
+	}
 	return l, nil
 }
 
@@ -188,14 +205,24 @@ func (l *load) count(i int) int {
 // pods is the number of server pods a node has: p0 … p(pods-1).
 func (l *load) pods() int { return max(serverPods, l.spread) }
 
-// createService creates a selector-less RequireDualStack Service (ClusterIPs
-// and NodePort allocated by the API server) and returns its ClusterIPs.
-func (l *load) createService(ctx context.Context, name string, typ corev1.ServiceType) ([2]netip.Addr, error) {
+// nodePort reports whether Service i of the load is of type NodePort.
+func (l *load) nodePort(i int) bool { return l.w.NodePortEvery > 0 && i%l.w.NodePortEvery == 0 }
+
+// serviceToCreate is the selector-less RequireDualStack Service createService
+// posts: ClusterIPs and NodePort left to the API server.
+func (l *load) serviceToCreate(name string, typ corev1.ServiceType) *corev1.Service {
 	s := l.w.Service(0)
 	s.ObjectMeta = metav1.ObjectMeta{Name: name, Namespace: l.ns}
 	s.Spec.Type = typ
 	s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil
 	s.Spec.Ports[0].NodePort = 0
+	return s
+}
+
+// createService creates a selector-less RequireDualStack Service (ClusterIPs
+// and NodePort allocated by the API server) and returns its ClusterIPs.
+func (l *load) createService(ctx context.Context, name string, typ corev1.ServiceType) ([2]netip.Addr, error) {
+	s := l.serviceToCreate(name, typ)
 	var got *corev1.Service
 	err := retry.OnError(retry.DefaultBackoff, func(error) bool { return true }, func() error {
 		var err error
@@ -261,6 +288,13 @@ func (l *load) workloadSlice(i int, fi int) *discoveryv1.EndpointSlice {
 func (l *load) grow(ctx context.Context, n int) error {
 	l.prev = l.have
 	l.ips = append(l.ips, make([][2]netip.Addr, n-l.have)...)
+	if l.etcd != nil {
+		if err := l.growEtcd(ctx, n); err != nil {
+			return err
+		}
+		l.have = n
+		return nil
+	}
 	idx := make(chan int)
 	var (
 		wg       sync.WaitGroup
@@ -292,7 +326,7 @@ func (l *load) grow(ctx context.Context, n int) error {
 
 func (l *load) createOne(ctx context.Context, i int) error {
 	typ := corev1.ServiceTypeClusterIP
-	if l.w.NodePortEvery > 0 && i%l.w.NodePortEvery == 0 {
+	if l.nodePort(i) {
 		typ = corev1.ServiceTypeNodePort
 	}
 	ips, err := l.createService(ctx, fmt.Sprintf("svc-%d", i), typ)

@@ -46,6 +46,7 @@ var (
 	flagChangeTO  = flag.Duration("change-timeout", time.Minute, "W2/W3 cap of each single change")
 	flagGap       = flag.Duration("gap", 1100*time.Millisecond, "W2/W3: pause after each observed change (kube-proxy's minSyncPeriod is 1s)")
 	flagWorkers   = flag.Int("workers", 32, "load generator: concurrent API writers")
+	flagLoad      = flag.String("load", "api", "load generator: \"api\" creates the load's Services and EndpointSlices through the API server; \"etcd\" writes them (with their IPAddresses and NodePorts) straight into etcd as the API server stores them, in seconds rather than the hour 30k take through a v1.36 API server's ClusterIP allocator here (the probe and W3's Services are created through the API server either way)")
 	flagOut       = flag.String("out", "out", "directory for results.json, results.txt and results.png")
 	flagMerge     = flag.String("merge", "", "results.json of earlier runs, comma-separated: their rows for sizes not measured now (nor merged from an earlier path) are added to the table, JSON and plot (marked in the status)")
 	flagDSArgs    = flag.String("dsproxy-args", "", "extra dsproxy arguments, space-separated (e.g. \"-v=2\" to log every sync)")
@@ -136,6 +137,9 @@ func TestBenchE2E(t *testing.T) {
 	cpuMode := controlPlaneCPU(t, cp)
 	rep := newReport(sizes, *flagSpread)
 	rep.Flags += " control-plane-cpu=" + cpuMode
+	if *flagLoad != "api" {
+		rep.Flags += " load=" + *flagLoad
+	}
 	t.Logf("machine: %s; load average at start: %s", rep.Machine, loadavg())
 
 	ld, err := newLoad(t, cp, sizes, *flagSpread)
