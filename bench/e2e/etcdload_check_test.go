@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,6 +104,20 @@ func TestEtcdLoad(t *testing.T) {
 		t.Errorf("the API server gave a new Service NodePort %d, which the load holds", held.NodePort)
 	} else if !apierrors.IsInvalid(err) {
 		t.Errorf("a new Service with the load's NodePort %d: %v, want it invalid", held.NodePort, err)
+	}
+
+	// The check that nothing replaced the load's IPAddresses can fail: one
+	// deleted through the API server (its repair loop recreates it, with
+	// another UID) is found.
+	if err := ld.checkIPAddresses(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gone := ld.ips[1][0].String()
+	if err := ld.client.NetworkingV1().IPAddresses().Delete(ctx, gone, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ld.checkIPAddresses(ctx); err == nil || !strings.Contains(err.Error(), gone) {
+		t.Errorf("after deleting IPAddress %s: checkIPAddresses gave %v, want an error naming it", gone, err)
 	}
 
 	if err := ld.cleanEtcd(ctx); err != nil {

@@ -12,9 +12,11 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -24,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes/scheme"
 
@@ -201,13 +204,15 @@ type etcdLoad struct {
 	// in use when the load began, or written by it.
 	next  [2]netip.Addr
 	taken map[netip.Addr]bool
-	// ports are the NodePorts the load has written (for the cleanup).
+	// ports are the NodePorts the load has written (for the cleanup); uids
+	// the UIDs of the IPAddresses it has written.
 	ports []int32
+	uids  map[string]types.UID
 }
 
 // newEtcdLoad prepares l for -load=etcd; l.probe must exist.
 func newEtcdLoad(ctx context.Context, l *load) (*etcdLoad, error) {
-	e := &etcdLoad{kv: newEtcdKV(l.cp), svc: map[corev1.ServiceType]*corev1.Service{}, taken: map[netip.Addr]bool{}}
+	e := &etcdLoad{kv: newEtcdKV(l.cp), svc: map[corev1.ServiceType]*corev1.Service{}, taken: map[netip.Addr]bool{}, uids: map[string]types.UID{}}
 	cidr, err := l.client.NetworkingV1().ServiceCIDRs().Get(ctx, "kubernetes", metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("ServiceCIDR kubernetes: %w", err)
@@ -457,14 +462,53 @@ func (w *etcdWriter) wait() error {
 	return w.err
 }
 
-// growEtcd writes Services have…n-1 into etcd, as the API server's own
-// create does: first their IPAddresses, then, once the API server serves
-// those, the Services and their slices; then it waits until the API server
-// serves them all. (The API server's IPAddress repair loop recreates the
-// IPAddress of a Service it sees without one, and gives one without a Service
-// 60 s before it deletes it.)
+// growEtcd writes Services have…n-1 into etcd, in the order of the API
+// server's own create: first their IPAddresses, then the Services and their
+// slices. The API server's IPAddress repair loop recreates the IPAddress of a
+// Service its informer shows without one, and deletes one whose Service it has
+// not seen 60 s after the IPAddress's creation; so each part waits until the
+// machine is quiet (the API server's informers have caught up), and
+// kube-controller-manager is stopped (SIGSTOP) meanwhile: its first pass over
+// tens of thousands of new selector-less Services (endpointslice-mirroring lists
+// the namespace's slices for each) holds both cores for minutes and would starve
+// the API server's informers. Once resumed, that pass ends before growEtcd
+// returns, as the same work ends during a load through the API server. Last, the
+// API server must serve every IPAddress as written: none replaced by the
+// repair loop.
 func (l *load) growEtcd(ctx context.Context, n int) error {
 	e := l.etcd
+	kcm, err := l.cp.PIDs("kube-controller-manager")
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(kcm[0], syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("stopping kube-controller-manager: %w", err)
+	}
+	stopped := true
+	resume := func() error {
+		if !stopped {
+			return nil
+		}
+		stopped = false
+		if err := syscall.Kill(kcm[0], syscall.SIGCONT); err != nil {
+			return fmt.Errorf("resuming kube-controller-manager: %w", err)
+		}
+		return nil
+	}
+	defer resume()
+	// quiet waits for quiet, up to perK for each thousand Services written
+	// (at least 20 s).
+	quiet := func(what string, perK time.Duration) {
+		ok, busy, took, err := awaitQuiet(max(20*time.Second, perK*time.Duration(n-l.have)/1000))
+		switch {
+		case err != nil:
+			l.t.Logf("load: waiting for quiet after %s: %v", what, err)
+		case !ok:
+			l.t.Logf("load: still %.2f cores busy %v after %s; going on", busy, took.Round(time.Second), what)
+		default:
+			l.t.Logf("load: quiet %v after %s", took.Round(100*time.Millisecond), what)
+		}
+	}
 	var nodePortSvcs []int
 	for i := l.have; i < n; i++ {
 		if l.nodePort(i) {
@@ -494,6 +538,7 @@ func (l *load) growEtcd(ctx context.Context, n int) error {
 			l.ips[i][fi] = a
 			ip := e.ipAddr[fi].DeepCopy()
 			ip.Name, ip.UID, ip.CreationTimestamp, ip.ResourceVersion = a.String(), uuid.NewUUID(), now, ""
+			e.uids[ip.Name] = ip.UID
 			ip.Spec.ParentRef = &networkingv1.ParentReference{Resource: "services", Namespace: l.ns, Name: name(i)}
 			w.cut(1)
 			w.put(ipAddrPrefix+ip.Name, ip, gvkIPAddress, true)
@@ -505,11 +550,11 @@ func (l *load) growEtcd(ctx context.Context, n int) error {
 	}
 	if last != "" {
 		// A read from the API server's cache waits until it has caught up
-		// with etcd; the repair loop's informer follows within milliseconds.
+		// with etcd; its informers follow.
 		if _, err := l.client.NetworkingV1().IPAddresses().Get(ctx, last, metav1.GetOptions{}); err != nil {
 			return fmt.Errorf("the API server on an IPAddress written to etcd: %w", err)
 		}
-		time.Sleep(500 * time.Millisecond)
+		quiet(fmt.Sprintf("%d IPAddresses", 2*(n-l.have)), 4*time.Second)
 	}
 
 	w = newEtcdWriter(ctx, e.kv)
@@ -540,7 +585,39 @@ func (l *load) growEtcd(ctx context.Context, n int) error {
 	if err := l.awaitServed(ctx, n); err != nil {
 		return err
 	}
-	return l.checkServed(ctx, n)
+	quiet(fmt.Sprintf("%d Services and %d EndpointSlices", n-l.have, 2*(n-l.have)), 6*time.Second)
+	if err := resume(); err != nil {
+		return err
+	}
+	quiet("kube-controller-manager's resumption", 40*time.Second)
+	if err := l.checkServed(ctx, n); err != nil {
+		return err
+	}
+	return l.checkIPAddresses(ctx)
+}
+
+// checkIPAddresses fails if the API server serves any IPAddress of the load
+// other than as written (its repair loop replaced it), or not at all.
+func (l *load) checkIPAddresses(ctx context.Context) error {
+	list, err := l.client.NetworkingV1().IPAddresses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	served := make(map[string]types.UID, len(list.Items))
+	for _, ip := range list.Items {
+		served[ip.Name] = ip.UID
+	}
+	var bad []string
+	for name, uid := range l.etcd.uids {
+		if served[name] != uid {
+			bad = append(bad, name)
+		}
+	}
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		return fmt.Errorf("the API server replaced or deleted %d of the load's %d IPAddresses (its repair loop: see its log), e.g. %v", len(bad), len(l.etcd.uids), bad[:min(5, len(bad))])
+	}
+	return nil
 }
 
 // awaitServed waits until the API server lists n load Services (and the probe)
@@ -562,7 +639,7 @@ func (l *load) awaitServed(ctx context.Context, n int) error {
 		if err != nil {
 			return err
 		}
-		slices, err := count(func(ctx context.Context, o metav1.ListOptions) (int64, error) {
+		nSlices, err := count(func(ctx context.Context, o metav1.ListOptions) (int64, error) {
 			r, err := l.client.DiscoveryV1().EndpointSlices(l.ns).List(ctx, o)
 			if err != nil {
 				return 0, err
@@ -572,12 +649,12 @@ func (l *load) awaitServed(ctx context.Context, n int) error {
 		if err != nil {
 			return err
 		}
-		if svcs >= int64(n+1) && slices >= int64(2*n+2) {
+		if svcs >= int64(n+1) && nSlices >= int64(2*n+2) {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the API server lists %d Services and %d EndpointSlices in %s, want %d and %d", svcs, slices, l.ns, n+1, 2*n+2)
+			return fmt.Errorf("the API server lists %d Services and %d EndpointSlices in %s, want %d and %d", svcs, nSlices, l.ns, n+1, 2*n+2)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -633,10 +710,10 @@ func (l *load) checkServed(ctx context.Context, n int) error {
 // slices, then, once the API server no longer serves them, the IPAddresses.
 func (l *load) cleanEtcd(ctx context.Context) error {
 	e := l.etcd
-	svcs, slices := serviceKey(l.ns, "svc-"), sliceKey(l.ns, "svc-")
+	svcKeys, sliceKeys := serviceKey(l.ns, "svc-"), sliceKey(l.ns, "svc-")
 	w := newEtcdWriter(ctx, e.kv)
-	w.delete(svcs, prefixEnd(svcs))
-	w.delete(slices, prefixEnd(slices))
+	w.delete(svcKeys, prefixEnd(svcKeys))
+	w.delete(sliceKeys, prefixEnd(sliceKeys))
 	if err := w.wait(); err != nil {
 		return err
 	}
@@ -661,6 +738,6 @@ func (l *load) cleanEtcd(ctx context.Context) error {
 		return err
 	}
 	// A second call has nothing to do.
-	l.ips, l.have, l.prev, e.ports = nil, 0, 0, nil
+	l.ips, l.have, l.prev, e.ports, e.uids = nil, 0, 0, nil, map[string]types.UID{}
 	return nil
 }

@@ -276,11 +276,25 @@ func settle(t *testing.T, before string) {
 	if *flagSettle <= 0 {
 		return
 	}
+	quiet, busy, took, err := awaitQuiet(*flagSettle)
+	switch {
+	case err != nil:
+		t.Logf("settle before %s: %v", before, err)
+	case !quiet:
+		t.Logf("settle before %s: still %.2f cores busy after %v; going on", before, busy, took.Round(time.Second))
+	default:
+		t.Logf("settle before %s: quiet after %v", before, took.Round(time.Second))
+	}
+}
+
+// awaitQuiet waits until the machine is quiet (under settleBusy cores over each
+// of two consecutive seconds, counting every process), or limit passed; busy is
+// the last second's use.
+func awaitQuiet(limit time.Duration) (quiet bool, busy float64, took time.Duration, err error) {
 	start := time.Now()
-	quiet := 0
-	var busy float64
+	n := 0
 	prev, err := cpuTicks()
-	for err == nil && quiet < 2 && time.Since(start) < *flagSettle {
+	for err == nil && n < 2 && time.Since(start) < limit {
 		time.Sleep(time.Second)
 		var cur [2]uint64
 		if cur, err = cpuTicks(); err != nil {
@@ -289,19 +303,12 @@ func settle(t *testing.T, before string) {
 		busy = float64(cur[0]-prev[0]) / float64(max(cur[1]-prev[1], 1)) * float64(runtime.NumCPU())
 		prev = cur
 		if busy < settleBusy {
-			quiet++
+			n++
 		} else {
-			quiet = 0
+			n = 0
 		}
 	}
-	switch {
-	case err != nil:
-		t.Logf("settle before %s: %v", before, err)
-	case quiet < 2:
-		t.Logf("settle before %s: still %.2f cores busy after %v; going on", before, busy, time.Since(start).Round(time.Second))
-	default:
-		t.Logf("settle before %s: quiet after %v", before, time.Since(start).Round(time.Second))
-	}
+	return n >= 2, busy, time.Since(start), err
 }
 
 // cpuTicks returns the machine's busy and total CPU time from /proc/stat (all
