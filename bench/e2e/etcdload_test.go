@@ -462,19 +462,19 @@ func (w *etcdWriter) wait() error {
 	return w.err
 }
 
-// growEtcd writes Services have…n-1 into etcd, in the order of the API
-// server's own create: first their IPAddresses, then the Services and their
-// slices. The API server's IPAddress repair loop recreates the IPAddress of a
-// Service its informer shows without one, and deletes one whose Service it has
-// not seen 60 s after the IPAddress's creation; so each part waits until the
-// machine is quiet (the API server's informers have caught up), and
-// kube-controller-manager is stopped (SIGSTOP) meanwhile: its first pass over
-// tens of thousands of new selector-less Services (endpointslice-mirroring lists
-// the namespace's slices for each) holds both cores for minutes and would starve
-// the API server's informers. Once resumed, that pass ends before growEtcd
-// returns, as the same work ends during a load through the API server. Last, the
-// API server must serve every IPAddress as written: none replaced by the
-// repair loop.
+// growEtcd writes Services have…n-1 into etcd, with their IPAddresses and
+// slices, while the API server is down: restarted, it lists them as it would
+// list a cluster's objects after a restart, and its IPAddress repair loop starts
+// once its informers hold them all. (Written under a running API server, a
+// burst of tens of thousands of objects makes it close its informers' watches
+// as unresponsive; the repair loop then sees Services before their IPAddresses,
+// "repairs" them, and deletes IPAddresses whose Services it has not seen 60 s
+// after their creation.) kube-controller-manager is stopped (SIGSTOP)
+// meanwhile, and once resumed its first pass over tens of thousands of new
+// selector-less Services (endpointslice-mirroring lists the namespace's slices
+// for each; minutes of both cores at 30k) ends before growEtcd returns, as the
+// same work ends during a load through the API server. Last, the API server must
+// serve every IPAddress as written: none replaced by the repair loop.
 func (l *load) growEtcd(ctx context.Context, n int) error {
 	e := l.etcd
 	kcm, err := l.cp.PIDs("kube-controller-manager")
@@ -509,6 +509,7 @@ func (l *load) growEtcd(ctx context.Context, n int) error {
 			l.t.Logf("load: quiet %v after %s", took.Round(100*time.Millisecond), what)
 		}
 	}
+
 	var nodePortSvcs []int
 	for i := l.have; i < n; i++ {
 		if l.nodePort(i) {
@@ -523,11 +524,42 @@ func (l *load) growEtcd(ctx context.Context, n int) error {
 	for k, i := range nodePortSvcs {
 		portOf[i] = ports[k]
 	}
-	name := func(i int) string { return fmt.Sprintf("svc-%d", i) }
+	var wrote time.Duration
+	l.stopEvents() // their watches would end with the API server
+	down, err := l.cp.RestartAPIServerWith(ctx, func() error {
+		start := time.Now()
+		defer func() { wrote = time.Since(start) }()
+		return l.writeEtcd(ctx, n, portOf)
+	})
+	if err != nil {
+		return err
+	}
+	l.t.Logf("load: %d Services, %d IPAddresses and %d EndpointSlices written into etcd in %v; kube-apiserver down %v",
+		n-l.have, 2*(n-l.have), 2*(n-l.have), wrote.Round(time.Millisecond), down.Round(time.Millisecond))
+	if err := l.watchEvents(); err != nil {
+		return err
+	}
+	if err := l.awaitServed(ctx, n); err != nil {
+		return err
+	}
+	quiet("kube-apiserver's restart", 6*time.Second)
+	if err := resume(); err != nil {
+		return err
+	}
+	quiet("kube-controller-manager's resumption", 40*time.Second)
+	if err := l.checkServed(ctx, n); err != nil {
+		return err
+	}
+	return l.checkIPAddresses(ctx)
+}
 
+// writeEtcd writes Services have…n-1 (NodePorts from portOf), their
+// IPAddresses and slices, in the API server's order: IPAddresses first.
+func (l *load) writeEtcd(ctx context.Context, n int, portOf map[int]int32) error {
+	e := l.etcd
+	name := func(i int) string { return fmt.Sprintf("svc-%d", i) }
 	w := newEtcdWriter(ctx, e.kv)
 	now := metav1.Now()
-	var last string
 	for i := l.have; i < n && w.built == nil; i++ {
 		for fi := range fams {
 			a, err := e.addr(fi)
@@ -542,23 +574,12 @@ func (l *load) growEtcd(ctx context.Context, n int) error {
 			ip.Spec.ParentRef = &networkingv1.ParentReference{Resource: "services", Namespace: l.ns, Name: name(i)}
 			w.cut(1)
 			w.put(ipAddrPrefix+ip.Name, ip, gvkIPAddress, true)
-			last = ip.Name
 		}
 	}
 	if err := w.wait(); err != nil {
 		return err
 	}
-	if last != "" {
-		// A read from the API server's cache waits until it has caught up
-		// with etcd; its informers follow.
-		if _, err := l.client.NetworkingV1().IPAddresses().Get(ctx, last, metav1.GetOptions{}); err != nil {
-			return fmt.Errorf("the API server on an IPAddress written to etcd: %w", err)
-		}
-		quiet(fmt.Sprintf("%d IPAddresses", 2*(n-l.have)), 4*time.Second)
-	}
-
 	w = newEtcdWriter(ctx, e.kv)
-	now = metav1.Now()
 	for i := l.have; i < n; i++ {
 		typ := corev1.ServiceTypeClusterIP
 		if l.nodePort(i) {
@@ -579,21 +600,7 @@ func (l *load) growEtcd(ctx context.Context, n int) error {
 			w.put(sliceKey(l.ns, es.Name), es, gvkSlice, true)
 		}
 	}
-	if err := w.wait(); err != nil {
-		return err
-	}
-	if err := l.awaitServed(ctx, n); err != nil {
-		return err
-	}
-	quiet(fmt.Sprintf("%d Services and %d EndpointSlices", n-l.have, 2*(n-l.have)), 6*time.Second)
-	if err := resume(); err != nil {
-		return err
-	}
-	quiet("kube-controller-manager's resumption", 40*time.Second)
-	if err := l.checkServed(ctx, n); err != nil {
-		return err
-	}
-	return l.checkIPAddresses(ctx)
+	return w.wait()
 }
 
 // checkIPAddresses fails if the API server serves any IPAddress of the load

@@ -75,6 +75,21 @@ type load struct {
 	events *eventLog
 	// etcd is set with -load=etcd: grow writes into etcd (etcdload_test.go).
 	etcd *etcdLoad
+	// ctx ends with the test; stopEvents ends the event log's watches.
+	ctx        context.Context
+	stopEvents context.CancelFunc
+}
+
+// watchEvents starts l.events afresh, ending the watches of the one before.
+func (l *load) watchEvents() error {
+	if l.stopEvents != nil {
+		l.stopEvents()
+	}
+	ctx, cancel := context.WithCancel(l.ctx)
+	l.stopEvents = cancel
+	var err error
+	l.events, err = watchEvents(ctx, l.client, l.ns)
+	return err
 }
 
 // awaitEarlierLoads waits until the namespaces of earlier runs' loads that are
@@ -149,7 +164,8 @@ func newLoad(t testing.TB, cp *framework.ControlPlane, sizes []int, spread int) 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	if l.events, err = watchEvents(ctx, client, l.ns); err != nil {
+	l.ctx = ctx
+	if err := l.watchEvents(); err != nil {
 		return nil, err
 	}
 	probe, err := l.createService(context.Background(), "probe", corev1.ServiceTypeClusterIP)

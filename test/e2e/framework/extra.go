@@ -93,11 +93,20 @@ func (cp *ControlPlane) recordedProcess(name string) (int, []string, error) {
 // Every client of the control plane sees the outage, including other test
 // processes sharing it (see OtherLeases).
 func (cp *ControlPlane) RestartAPIServer(ctx context.Context) (time.Duration, error) {
+	return cp.RestartAPIServerWith(ctx, nil)
+}
+
+// RestartAPIServerWith is RestartAPIServer that runs whileDown (if not nil)
+// once the API server has exited and before it starts again: for writing into
+// etcd with no API server watching. An error of whileDown is returned after
+// the API server is up again.
+func (cp *ControlPlane) RestartAPIServerWith(ctx context.Context, whileDown func() error) (time.Duration, error) {
 	var (
-		down   time.Time
-		newPID int
-		exited = make(chan struct{})
-		status error
+		down    time.Time
+		newPID  int
+		exited  = make(chan struct{})
+		status  error
+		downErr error
 	)
 	err := cp.withLock(func() error {
 		pid, argv, err := cp.recordedProcess("kube-apiserver")
@@ -113,6 +122,9 @@ func (cp *ControlPlane) RestartAPIServer(ctx context.Context) (time.Duration, er
 			if !waitGone(pid, 5*time.Second) {
 				return fmt.Errorf("kube-apiserver (pid %d) did not exit", pid)
 			}
+		}
+		if whileDown != nil {
+			downErr = whileDown()
 		}
 		logf, err := os.OpenFile(filepath.Join(cp.RunDir, "logs", "kube-apiserver.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
@@ -147,6 +159,9 @@ func (cp *ControlPlane) RestartAPIServer(ctx context.Context) (time.Duration, er
 	})
 	if err != nil {
 		return 0, fmt.Errorf("kube-apiserver not ready after restart: %w\n%s", err, cp.LogTail("kube-apiserver", 30))
+	}
+	if downErr != nil {
+		return 0, fmt.Errorf("while kube-apiserver was down: %w", downErr)
 	}
 	return time.Since(down), nil
 }
