@@ -45,7 +45,7 @@ apiserver_request_duration_seconds_count{component="apiserver",dry_run="",group=
 		return []byte(s + fmt.Sprintf(alloc, allocs, sum4, sum6))
 	}
 	// Before any DELETE: none counted, no error.
-	a, err := parseAPIW3Metrics(text("10", "1", "10", "0.2", "0.3", "", ""))
+	a, err := parseAPIW3Metrics(text("10", "1", "10", "0.2", "0.3", "", ""), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ apiserver_request_duration_seconds_count{component="apiserver",dry_run="",group=
 		t.Fatalf("parsed %+v, want POST {1 10}, allocations {0.5 20} and no DELETE", a)
 	}
 	// 20 more POSTs took 0.6 s; 40 more allocations 0.4 s; 20 DELETEs 1 s.
-	b, err := parseAPIW3Metrics(text("30", "1.6", "30", "0.4", "0.5", "20", "1"))
+	b, err := parseAPIW3Metrics(text("30", "1.6", "30", "0.4", "0.5", "20", "1"), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,13 +71,25 @@ apiserver_request_duration_seconds_count{component="apiserver",dry_run="",group=
 	}
 	// Without the allocator's histogram (another allocator), or any Service
 	// POST yet: an error naming what is missing.
-	if _, err := parseAPIW3Metrics([]byte(fmt.Sprintf(head, "1", "1"))); err == nil || !strings.Contains(err.Error(), metricAllocDuration) {
+	if _, err := parseAPIW3Metrics([]byte(fmt.Sprintf(head, "1", "1")), false); err == nil || !strings.Contains(err.Error(), metricAllocDuration) {
 		t.Errorf("no allocator histogram: err = %v", err)
 	}
-	if _, err := parseAPIW3Metrics([]byte(fmt.Sprintf(alloc, "1", "1", "1"))); err == nil || !strings.Contains(err.Error(), "POST services") {
+	if _, err := parseAPIW3Metrics([]byte(fmt.Sprintf(alloc, "1", "1", "1")), false); err == nil || !strings.Contains(err.Error(), "POST services") {
 		t.Errorf("no POST histogram: err = %v", err)
 	}
-	if _, err := parseAPIW3Metrics([]byte("not metrics {")); err == nil {
+	if _, err := parseAPIW3Metrics([]byte("not metrics {"), false); err == nil {
 		t.Error("garbage: no error")
+	}
+	// Before W3, an API server that has created no Service since it started
+	// has neither series: zero, no error; garbage is still an error.
+	z, err := parseAPIW3Metrics([]byte("# nothing yet\n"), true)
+	if err != nil || z != (apiW3Metrics{}) {
+		t.Errorf("before W3, no series: %+v, %v; want zero, no error", z, err)
+	}
+	if _, err := parseAPIW3Metrics([]byte("not metrics {"), true); err == nil {
+		t.Error("garbage before W3: no error")
+	}
+	if _, err := parseAPIW3Metrics([]byte("# nothing yet\n"), false); err == nil {
+		t.Error("after W3, no series: no error")
 	}
 }

@@ -31,16 +31,21 @@ const (
 	metricAllocDuration   = "kube_apiserver_clusterip_allocator_allocation_duration_seconds"
 )
 
-// readAPIW3Metrics reads the API server's /metrics.
-func readAPIW3Metrics(ctx context.Context, client kubernetes.Interface) (apiW3Metrics, error) {
+// readAPIW3Metrics reads the API server's /metrics; before is the reading
+// before W3 (see parseAPIW3Metrics).
+func readAPIW3Metrics(ctx context.Context, client kubernetes.Interface, before bool) (apiW3Metrics, error) {
 	raw, err := client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
 		return apiW3Metrics{}, fmt.Errorf("API server metrics: %w", err)
 	}
-	return parseAPIW3Metrics(raw)
+	return parseAPIW3Metrics(raw, before)
 }
 
-func parseAPIW3Metrics(raw []byte) (apiW3Metrics, error) {
+// parseAPIW3Metrics parses the histograms. Without a series of Service POSTs
+// or of ClusterIP allocations it fails, but for the reading before W3: an API
+// server that has not created a Service since it started (restarted after
+// -load=etcd) has none yet, which counts as zero.
+func parseAPIW3Metrics(raw []byte, before bool) (apiW3Metrics, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(bytes.NewReader(raw))
 	if err != nil {
@@ -53,6 +58,7 @@ func parseAPIW3Metrics(raw []byte) (apiW3Metrics, error) {
 	m.del, _ = histSum(fams[metricRequestDuration], map[string]string{"verb": "DELETE", "resource": "services", "subresource": ""})
 	m.alloc, found[1] = histSum(fams[metricAllocDuration], nil)
 	switch {
+	case before:
 	case !found[0]:
 		return m, fmt.Errorf("API server metrics: no %s for POST services", metricRequestDuration)
 	case !found[1]:

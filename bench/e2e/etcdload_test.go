@@ -713,35 +713,37 @@ func (l *load) checkServed(ctx context.Context, n int) error {
 
 // cleanEtcd deletes what growEtcd wrote, straight from etcd (through the API
 // server, the namespace's deletion would take an hour at 30k Services: each
-// release lists the IPAddresses too), in the reverse order: the Services and
-// slices, then, once the API server no longer serves them, the IPAddresses.
+// release lists the IPAddresses too), while the API server is down, for the
+// reason growEtcd writes so: its repair loop would recreate the IPAddresses of
+// Services its informers still show.
 func (l *load) cleanEtcd(ctx context.Context) error {
 	e := l.etcd
-	svcKeys, sliceKeys := serviceKey(l.ns, "svc-"), sliceKey(l.ns, "svc-")
-	w := newEtcdWriter(ctx, e.kv)
-	w.delete(svcKeys, prefixEnd(svcKeys))
-	w.delete(sliceKeys, prefixEnd(sliceKeys))
-	if err := w.wait(); err != nil {
-		return err
+	if len(l.ips) == 0 && len(e.ports) == 0 {
+		return nil
 	}
-	if _, err := l.client.CoreV1().Services(l.ns).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
-		return err
+	if l.stopEvents != nil {
+		l.stopEvents()
 	}
-	time.Sleep(500 * time.Millisecond)
-	// Every address handed out, written or not (a failed grow stops midway).
-	w = newEtcdWriter(ctx, e.kv)
-	for _, ips := range l.ips {
-		for _, a := range ips {
-			if a.IsValid() {
-				w.cut(1)
-				w.delete(ipAddrPrefix+a.String(), nil)
+	_, err := l.cp.RestartAPIServerWith(ctx, func() error {
+		svcKeys, sliceKeys := serviceKey(l.ns, "svc-"), sliceKey(l.ns, "svc-")
+		w := newEtcdWriter(ctx, e.kv)
+		w.delete(svcKeys, prefixEnd(svcKeys))
+		w.delete(sliceKeys, prefixEnd(sliceKeys))
+		// Every address handed out, written or not (a failed grow stops midway).
+		for _, ips := range l.ips {
+			for _, a := range ips {
+				if a.IsValid() {
+					w.cut(1)
+					w.delete(ipAddrPrefix+a.String(), nil)
+				}
 			}
 		}
-	}
-	if err := w.wait(); err != nil {
-		return err
-	}
-	if err := e.releaseNodePorts(ctx, e.ports); err != nil {
+		if err := w.wait(); err != nil {
+			return err
+		}
+		return e.releaseNodePorts(ctx, e.ports)
+	})
+	if err != nil {
 		return err
 	}
 	// A second call has nothing to do.

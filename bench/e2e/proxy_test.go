@@ -730,7 +730,7 @@ func endpointChanges(t *testing.T, p *proc, nd *node, ld *load, r Row) Row {
 func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) []Row {
 	cpu0, _, _, _ := p.stats()
 	defer ld.events.arm(ld.controlPlaneSched)()
-	api0, api0Err := readAPIW3Metrics(p.ctx, ld.client)
+	api0, api0Err := readAPIW3Metrics(p.ctx, ld.client, true)
 	var addLat, delLat, addProxy, delProxy, addAPI, delAPI []time.Duration
 	var addSlow, delSlow []slowChange
 	// change starts wait for both families, runs act, and collects: wait
@@ -802,7 +802,7 @@ func serviceAddDelete(t *testing.T, p *proc, nd *node, ld *load, add, del Row) [
 		d.ProxyP50, d.ProxyP99 = p50p99(delProxy)
 		a.APIP50, a.APIP99 = p50p99(addAPI)
 		d.APIP50, d.APIP99 = p50p99(delAPI)
-		if api1, err := readAPIW3Metrics(p.ctx, ld.client); api0Err != nil || err != nil {
+		if api1, err := readAPIW3Metrics(p.ctx, ld.client, false); api0Err != nil || err != nil {
 			t.Logf("%s: %s: %v", p.spec, add.Workload, errors.Join(api0Err, err))
 		} else {
 			post, alloc, del := api0.post.mean(api1.post), api0.alloc.mean(api1.alloc), api0.del.mean(api1.del)
