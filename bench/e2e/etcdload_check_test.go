@@ -125,20 +125,16 @@ func TestEtcdLoad(t *testing.T) {
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
-		svcs, err := ld.client.CoreV1().Services(ld.ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		slices, err := ld.client.DiscoveryV1().EndpointSlices(ld.ns).List(ctx, metav1.ListOptions{})
+		svcs, nSlices, err := ld.served(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, ipErr := ld.client.NetworkingV1().IPAddresses().Get(ctx, last[1].String(), metav1.GetOptions{})
-		if len(svcs.Items) == 1 && len(slices.Items) == 2 && apierrors.IsNotFound(ipErr) {
+		if svcs == 1 && nSlices == 2 && apierrors.IsNotFound(ipErr) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after the cleanup: %d Services, %d slices, IPAddress %s: %v", len(svcs.Items), len(slices.Items), last[1], ipErr)
+			t.Fatalf("after the cleanup: %d Services, %d slices, IPAddress %s: %v", svcs, nSlices, last[1], ipErr)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -274,50 +274,71 @@ func (e *etcdLoad) addr(fi int) (netip.Addr, error) {
 	return netip.Addr{}, fmt.Errorf("service CIDR %v is full", e.cidrs[fi])
 }
 
+// nodePortBitmap is the API server's NodePort bitmap as read from etcd.
+type nodePortBitmap struct {
+	ra     *corev1.RangeAllocation
+	base   int
+	size   int
+	bits   *big.Int
+	modRev int64
+}
+
+func (e *etcdLoad) readNodePorts(ctx context.Context) (nodePortBitmap, error) {
+	kv, found, err := e.kv.get(ctx, nodePortsKey)
+	if err != nil {
+		return nodePortBitmap{}, err
+	}
+	if !found {
+		return nodePortBitmap{}, fmt.Errorf("%s: not in etcd", nodePortsKey)
+	}
+	obj, _, err := storageCodec.Decode(kv.Value, nil, nil)
+	if err != nil {
+		return nodePortBitmap{}, fmt.Errorf("%s: %w", nodePortsKey, err)
+	}
+	ra, ok := obj.(*corev1.RangeAllocation)
+	if !ok {
+		return nodePortBitmap{}, fmt.Errorf("%s: a %T", nodePortsKey, obj)
+	}
+	base, size, err := parsePortRange(ra.Range)
+	if err != nil {
+		return nodePortBitmap{}, fmt.Errorf("%s: %w", nodePortsKey, err)
+	}
+	return nodePortBitmap{ra: ra, base: base, size: size, bits: new(big.Int).SetBytes(ra.Data), modRev: kv.ModRevision}, nil
+}
+
+// write puts b's bits back if the range has not changed since it was read;
+// ok is whether it had not.
+func (e *etcdLoad) writeNodePorts(ctx context.Context, b nodePortBitmap) (ok bool, err error) {
+	b.ra.Data, b.ra.ResourceVersion = b.bits.Bytes(), ""
+	v, err := storageBytes(b.ra, gvkRange)
+	if err != nil {
+		return false, err
+	}
+	return e.kv.txn(ctx, []etcdCmp{{"MOD", []byte(nodePortsKey), b.modRev}},
+		[]etcdOp{{Put: &etcdKeyValue{Key: []byte(nodePortsKey), Value: v}}})
+}
+
 // nodePorts marks count more NodePorts allocated in the API server's NodePort
 // bitmap (one compare-and-swap of the range) and returns them.
 func (e *etcdLoad) nodePorts(ctx context.Context, count int) ([]int32, error) {
 	if count == 0 {
 		return nil, nil
 	}
-	kv, found, err := e.kv.get(ctx, nodePortsKey)
+	b, err := e.readNodePorts(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if !found {
-		return nil, fmt.Errorf("%s: not in etcd", nodePortsKey)
-	}
-	obj, _, err := storageCodec.Decode(kv.Value, nil, nil)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", nodePortsKey, err)
-	}
-	ra, ok := obj.(*corev1.RangeAllocation)
-	if !ok {
-		return nil, fmt.Errorf("%s: a %T", nodePortsKey, obj)
-	}
-	base, size, err := parsePortRange(ra.Range)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", nodePortsKey, err)
-	}
-	bits := new(big.Int).SetBytes(ra.Data)
 	var ports []int32
-	for off := 0; off < size && len(ports) < count; off++ {
-		if bits.Bit(off) == 0 {
-			bits.SetBit(bits, off, 1)
-			ports = append(ports, int32(base+off))
+	for off := 0; off < b.size && len(ports) < count; off++ {
+		if b.bits.Bit(off) == 0 {
+			b.bits.SetBit(b.bits, off, 1)
+			ports = append(ports, int32(b.base+off))
 		}
 	}
 	if len(ports) < count {
-		return nil, fmt.Errorf("NodePort range %s: %d free, want %d", ra.Range, len(ports), count)
+		return nil, fmt.Errorf("NodePort range %s: %d free, want %d", b.ra.Range, len(ports), count)
 	}
-	ra.Data = bits.Bytes()
-	ra.ResourceVersion = ""
-	b, err := storageBytes(ra, gvkRange)
-	if err != nil {
-		return nil, err
-	}
-	ok, err = e.kv.txn(ctx, []etcdCmp{{"MOD", []byte(nodePortsKey), kv.ModRevision}},
-		[]etcdOp{{Put: &etcdKeyValue{Key: []byte(nodePortsKey), Value: b}}})
+	ok, err := e.writeNodePorts(ctx, b)
 	if err != nil {
 		return nil, err
 	}
@@ -331,34 +352,14 @@ func (e *etcdLoad) nodePorts(ctx context.Context, count int) ([]int32, error) {
 // releaseNodePorts clears ports in the NodePort bitmap.
 func (e *etcdLoad) releaseNodePorts(ctx context.Context, ports []int32) error {
 	for try := 0; ; try++ {
-		kv, found, err := e.kv.get(ctx, nodePortsKey)
-		if err != nil || !found {
-			return err
-		}
-		obj, _, err := storageCodec.Decode(kv.Value, nil, nil)
+		b, err := e.readNodePorts(ctx)
 		if err != nil {
 			return err
 		}
-		ra, ok := obj.(*corev1.RangeAllocation)
-		if !ok {
-			return fmt.Errorf("%s: a %T", nodePortsKey, obj)
-		}
-		base, _, err := parsePortRange(ra.Range)
-		if err != nil {
-			return err
-		}
-		bits := new(big.Int).SetBytes(ra.Data)
 		for _, p := range ports {
-			bits.SetBit(bits, int(p)-base, 0)
+			b.bits.SetBit(b.bits, int(p)-b.base, 0)
 		}
-		ra.Data, ra.ResourceVersion = bits.Bytes(), ""
-		b, err := storageBytes(ra, gvkRange)
-		if err != nil {
-			return err
-		}
-		ok, err = e.kv.txn(ctx, []etcdCmp{{"MOD", []byte(nodePortsKey), kv.ModRevision}},
-			[]etcdOp{{Put: &etcdKeyValue{Key: []byte(nodePortsKey), Value: b}}})
-		if err != nil || ok {
+		if ok, err := e.writeNodePorts(ctx, b); err != nil || ok {
 			return err
 		}
 		if try == 5 {
@@ -627,32 +628,28 @@ func (l *load) checkIPAddresses(ctx context.Context) error {
 	return nil
 }
 
+// served counts the Services and EndpointSlices the API server lists in the
+// load's namespace (a consistent list of one item and the remaining count).
+func (l *load) served(ctx context.Context) (svcs, slices int64, err error) {
+	one := metav1.ListOptions{Limit: 1}
+	sl, err := l.client.CoreV1().Services(l.ns).List(ctx, one)
+	if err != nil {
+		return 0, 0, err
+	}
+	el, err := l.client.DiscoveryV1().EndpointSlices(l.ns).List(ctx, one)
+	if err != nil {
+		return 0, 0, err
+	}
+	return listed(len(sl.Items), sl.RemainingItemCount), listed(len(el.Items), el.RemainingItemCount), nil
+}
+
 // awaitServed waits until the API server lists n load Services (and the probe)
 // and their slices: its watch cache has caught up with what etcd was given.
 func (l *load) awaitServed(ctx context.Context, n int) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	count := func(list func(context.Context, metav1.ListOptions) (int64, error)) (int64, error) {
-		return list(ctx, metav1.ListOptions{Limit: 1})
-	}
 	for {
-		svcs, err := count(func(ctx context.Context, o metav1.ListOptions) (int64, error) {
-			r, err := l.client.CoreV1().Services(l.ns).List(ctx, o)
-			if err != nil {
-				return 0, err
-			}
-			return listed(len(r.Items), r.RemainingItemCount), nil
-		})
-		if err != nil {
-			return err
-		}
-		nSlices, err := count(func(ctx context.Context, o metav1.ListOptions) (int64, error) {
-			r, err := l.client.DiscoveryV1().EndpointSlices(l.ns).List(ctx, o)
-			if err != nil {
-				return 0, err
-			}
-			return listed(len(r.Items), r.RemainingItemCount), nil
-		})
+		svcs, nSlices, err := l.served(ctx)
 		if err != nil {
 			return err
 		}
