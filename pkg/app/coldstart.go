@@ -8,6 +8,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/dsproxy/dsproxy/pkg/family"
+	"github.com/dsproxy/dsproxy/pkg/hugeheap"
 )
 
 // coldStart returns the cold start's memory to the system once every family has
@@ -69,9 +70,16 @@ func tightenGC(percent int) (restore func()) {
 	return func() { debug.SetGCPercent(prev) }
 }
 
-// releaseMemory collects garbage and returns the free heap to the system.
+// releaseMemory collects garbage and returns the free heap to the system. The
+// heap the cold start grew into loses its huge-page advice first (hugeheap), so
+// that the steady state keeps Go's usual footprint.
 func releaseMemory() {
 	start := time.Now()
+	if had, err := hugeheap.Release(); err != nil {
+		klog.InfoS("Could not take back the heap's huge-page advice", "err", err)
+	} else if had {
+		klog.V(2).InfoS("Took back the heap's huge-page advice")
+	}
 	debug.FreeOSMemory()
 	klog.V(2).InfoS("Returned the cold start's free memory to the system", "elapsed", time.Since(start))
 }
