@@ -140,7 +140,12 @@ const hugeHeapRegion = 1 << 30
 
 func adviseHugeHeap() {
 	if v := os.Getenv("DSPROXY_HEAP_HUGE_PAGES"); v != "" {
-		if on, err := strconv.ParseBool(v); err != nil || !on {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			klog.InfoS("Ignoring DSPROXY_HEAP_HUGE_PAGES: not a boolean; heap left without huge pages", "value", v)
+			return
+		}
+		if !on {
 			klog.V(2).InfoS("Heap left without huge pages", "DSPROXY_HEAP_HUGE_PAGES", v)
 			return
 		}

@@ -4,16 +4,17 @@
 //
 // A cold start at 30k Services grows the heap to about 360 MiB, most of it in
 // the first seconds, and every 4 KiB page of that is a page fault. On a VM with
-// shadow paging a fault costs 12–16 µs (bench/README.md, "Page faults"): 1.2–1.6 s
-// of a 30k cold start went to faults. Go does not advise huge pages for its
-// heap (since Go 1.21.1), so under "madvise" the heap never gets them.
+// shadow paging a fault costs 12–17 µs (bench/README.md, "Page faults"): a
+// first touch of 360 MiB takes 1.2–1.6 s there. Go does not advise huge pages
+// for its heap (since Go 1.21.1), so under "madvise" the heap never gets them.
 //
 // Advise makes the runtime map a region of heap address space at once, by
 // allocating one large untouched buffer, marks the region MADV_HUGEPAGE and
 // frees the buffer. Go's page allocator hands out the lowest free addresses
 // first, so the heap's next growth lands in the advised region; its first touch
 // of each 2 MiB then takes one fault instead of 512. The buffer is never
-// written, so it costs no memory: the kernel backs only what the heap uses.
+// written, so the kernel backs only what the heap later uses (and the
+// runtime's page bookkeeping for the region, about 1 MiB per GiB).
 package hugeheap
 
 import (
