@@ -95,14 +95,11 @@ func TestAdvise(t *testing.T) {
 		if !ok {
 			t.Fatalf("object %p in no mapping", objs[i])
 		}
-		for _, f := range v.flags {
-			if f == "hg" {
-				advised++
-				if !seen[v.lo] {
-					seen[v.lo] = true
-					huge += v.hugeBytes
-				}
-				break
+		if slices.Contains(v.flags, "hg") {
+			advised++
+			if !seen[v.lo] {
+				seen[v.lo] = true
+				huge += v.hugeBytes
 			}
 		}
 	}
