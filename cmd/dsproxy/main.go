@@ -135,10 +135,13 @@ func run(args []string) error {
 
 // hugeHeapRegion is how much heap address space the daemon advises for huge
 // pages before its cold start: more than the heap's peak at 30k Services (about
-// 360 MiB). DSPROXY_HEAP_HUGE_PAGES=false leaves the heap as Go maps it.
+// 360 MiB). By default it does so only where a page fault is costly
+// (hugeheap.AdviseIfFaultsCostly); DSPROXY_HEAP_HUGE_PAGES=true advises without
+// timing faults, =false leaves the heap as Go maps it.
 const hugeHeapRegion = 1 << 30
 
 func adviseHugeHeap() {
+	advise := hugeheap.AdviseIfFaultsCostly
 	if v := os.Getenv("DSPROXY_HEAP_HUGE_PAGES"); v != "" {
 		on, err := strconv.ParseBool(v)
 		if err != nil {
@@ -149,11 +152,12 @@ func adviseHugeHeap() {
 			klog.V(2).InfoS("Heap left without huge pages", "DSPROXY_HEAP_HUGE_PAGES", v)
 			return
 		}
+		advise = hugeheap.Advise
 	}
-	r := hugeheap.Advise(hugeHeapRegion)
+	r := advise(hugeHeapRegion)
 	if r.Advised == 0 {
 		klog.V(2).InfoS("Heap left without huge pages", "reason", r.Skipped)
 		return
 	}
-	klog.V(2).InfoS("Heap advised for huge pages", "bytes", r.Advised)
+	klog.V(2).InfoS("Heap advised for huge pages", "bytes", r.Advised, "pageFault", r.FaultCost)
 }

@@ -15,6 +15,13 @@
 // of each 2 MiB then takes one fault instead of 512. The buffer is never
 // written, so the kernel backs only what the heap later uses (and the
 // runtime's page bookkeeping for the region, about 1 MiB per GiB).
+//
+// Huge pages pay only where a fault is dear in itself. AdviseIfFaultsCostly,
+// what the daemon calls, first times a few small pages' first touch and
+// advises only from CostlyFault up: on a KVM guest with hardware paging a small
+// page's first touch costs 1.5–5 µs but a huge page's up to 10 ms (the host
+// backs the guest's memory on demand), and there a heap grown into advised
+// memory was slower to fill than Go's own.
 package hugeheap
 
 import (
@@ -24,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -41,6 +49,9 @@ type Result struct {
 	Advised uintptr
 	// Skipped says why nothing was advised, when Advised is 0.
 	Skipped string
+	// FaultCost is the first touch of a small page as AdviseIfFaultsCostly
+	// measured it (0 when not measured).
+	FaultCost time.Duration
 }
 
 // Paths of the kernel settings Advise reads; tests point them elsewhere.
@@ -57,7 +68,16 @@ var (
 // address space strictly (vm.overcommit_memory = 2: there the region would
 // count against the commit limit even untouched). Call it early, before the
 // heap grows.
-func Advise(size uintptr) Result {
+func Advise(size uintptr) Result { return adviseHeap(size, false) }
+
+// AdviseIfFaultsCostly is Advise where page faults are costly: it first times
+// the first touch of a few fresh small pages and advises only when one costs
+// CostlyFault or more. Where faults are cheap, huge pages save little on the
+// heap's growth, and a huge page's first touch can cost more than its 512
+// small pages' (a hypervisor backing guest memory on demand, 4 KiB at a time).
+func AdviseIfFaultsCostly(size uintptr) Result { return adviseHeap(size, true) }
+
+func adviseHeap(size uintptr, probe bool) Result {
 	mode, err := thpMode()
 	if err != nil {
 		return Result{Skipped: err.Error()}
@@ -71,6 +91,15 @@ func Advise(size uintptr) Result {
 	if b, err := os.ReadFile(overcommitPath); err == nil && strings.TrimSpace(string(b)) == "2" {
 		return Result{Skipped: "vm.overcommit_memory is 2 (strict accounting)"}
 	}
+	var cost time.Duration
+	if probe {
+		if cost, err = faultCost(); err != nil {
+			return Result{Skipped: "timing page faults: " + err.Error()}
+		}
+		if cost < CostlyFault {
+			return Result{Skipped: fmt.Sprintf("a page fault costs %v here, under %v", cost, CostlyFault), FaultCost: cost}
+		}
+	}
 	huge := uintptr(2 << 20)
 	if b, err := os.ReadFile(hpageSizePath); err == nil {
 		if v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && v > 0 && v&(v-1) == 0 {
@@ -81,15 +110,15 @@ func Advise(size uintptr) Result {
 		size = total / 4
 	}
 	if size < 4*huge {
-		return Result{Skipped: fmt.Sprintf("region of %d bytes too small for huge pages of %d", size, huge)}
+		return Result{Skipped: fmt.Sprintf("region of %d bytes too small for huge pages of %d", size, huge), FaultCost: cost}
 	}
 	n, err := advise(size, huge)
 	// Free the buffer now: its pages go back to the heap, still advised.
 	runtime.GC()
 	if err != nil {
-		return Result{Skipped: "madvise: " + err.Error()}
+		return Result{Skipped: "madvise: " + err.Error(), FaultCost: cost}
 	}
-	return Result{Advised: n}
+	return Result{Advised: n, FaultCost: cost}
 }
 
 // advise allocates an untouched buffer of size bytes (new heap address space,
