@@ -177,11 +177,12 @@ func TestTargets(t *testing.T) {
 	}
 	w2 := ds("W2 endpoint change", 10000, 5e-3, 12e-3, 120)
 	w2.APIP99, w2.ProxyP99 = f(9e-3), f(3e-3)
-	// End to end met, dsproxy's own part not: both lines say so.
-	w3del := ds("W3 service delete", 10000, 5e-3, 9e-3, 144)
+	// dsproxy's own part over the bound too: its line says so.
+	w3del := ds("W3 service delete", 10000, 5e-3, 12e-3, 144)
 	w3del.APIP99, w3del.ProxyP99 = f(1e-3), f(11e-3)
 	rep := &report{Sizes: []int{10000, 30000}, Rows: []Row{
-		// 10k: W1 met, W2 p99 not met, W3 add missing, W3 delete met; RSS
+		// 10k: W1 met, W2 p99 not met (its part met), W3 add missing,
+		// W3 delete not met (nor its part); RSS
 		// 144 MiB = 151 MB: not met.
 		// Five starts: the median is met, the slowest start is not.
 		{Proxy: "dsproxy", Mode: "nftables", Workload: "W1 cold start", Services: 10000, Samples: 5, P50: 1.5, P99: 2.4, Max: 2.4, RSSMiB: 100, Status: "ok"},
@@ -220,7 +221,7 @@ func TestTargets(t *testing.T) {
 		"W1 cold start ≤ 2 s@10000":                                             "met",
 		"W2 endpoint change p99 ≤ 10 ms@10000":                                  "not met",
 		"W3 service add p99 ≤ 10 ms@10000":                                      "not measured: no row",
-		"W3 service delete p99 ≤ 10 ms@10000":                                   "met",
+		"W3 service delete p99 ≤ 10 ms@10000":                                   "not met",
 		"W2 endpoint change p99 ≤ 10 ms, dsproxy's part (event → kernel)@10000": "met",
 		"W3 service delete p99 ≤ 10 ms, dsproxy's part (event → kernel)@10000":  "not met",
 		"peak RSS ≤ 150 MB@10000":                                               "not met",
