@@ -84,7 +84,7 @@ func cleanupKubeProxyIPVS(_ context.Context, scope ipvsScope) error {
 	var linkAddrs []netip.Addr
 	link, linkErr := netlink.LinkByName(kubeProxyIPVSLink)
 	if linkErr == nil {
-		addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+		addrs, err := ipvs.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_ALL) })
 		errs = append(errs, err)
 		for _, a := range addrs {
 			if ip, ok := netip.AddrFromSlice(a.IP); ok {

@@ -407,7 +407,7 @@ func (k *Kernel) Addrs() ([]netip.Addr, error) {
 	if err != nil || l == nil {
 		return nil, err
 	}
-	as, err := k.nl.AddrList(l, int(k.af()))
+	as, err := RetryDump(func() ([]netlink.Addr, error) { return k.nl.AddrList(l, int(k.af())) })
 	if err != nil {
 		return nil, fmt.Errorf("addresses of %s: %w", LinkName, err)
 	}
@@ -459,9 +459,9 @@ func (k *Kernel) DeleteLinkIfEmpty() error {
 	if err != nil || l == nil {
 		return err
 	}
-	as, err := k.nl.AddrList(l, netlink.FAMILY_ALL)
+	as, err := RetryDump(func() ([]netlink.Addr, error) { return k.nl.AddrList(l, netlink.FAMILY_ALL) })
 	if err != nil {
-		return err
+		return fmt.Errorf("addresses of %s: %w", LinkName, err)
 	}
 	for _, a := range as {
 		if ip, ok := netip.AddrFromSlice(a.IP); !ok || !KernelOwnAddr(ip) {
@@ -495,7 +495,7 @@ func isMissingSet(err error) bool {
 
 // Sets lists the names of every ipset in the namespace.
 func (k *Kernel) Sets() ([]string, error) {
-	all, err := k.nl.IpsetListAll()
+	all, err := RetryDump(k.nl.IpsetListAll)
 	if err != nil {
 		return nil, fmt.Errorf("listing ipsets: %w", err)
 	}
@@ -508,7 +508,7 @@ func (k *Kernel) Sets() ([]string, error) {
 
 // Entries lists an ipset's members (nil when the set is missing).
 func (k *Kernel) Entries(name string) ([]Entry, bool, error) {
-	r, err := k.nl.IpsetList(name)
+	r, err := RetryDump(func() (*netlink.IPSetResult, error) { return k.nl.IpsetList(name) })
 	if err != nil {
 		if isMissingSet(err) {
 			return nil, false, nil
@@ -599,6 +599,29 @@ func SetSysctl(name, value string) error {
 	return nil
 }
 
+// dumpAttempts bounds how often RetryDump reads a table again that the kernel
+// said changed while it was read.
+const dumpAttempts = 5
+
+// RetryDump runs a netlink dump again while the kernel answers it with
+// NLM_F_DUMP_INTR (netlink.ErrDumpInterrupted): the table changed under the
+// read, so the answer may have missed or doubled entries. An address appearing
+// anywhere on the host (an IPv6 link-local one after a link comes up, say) is
+// enough. After dumpAttempts interrupted reads it returns the last answer with
+// the error.
+func RetryDump[T any](dump func() (T, error)) (T, error) {
+	var (
+		v   T
+		err error
+	)
+	for range dumpAttempts {
+		if v, err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	return v, err
+}
+
 // HostAddrs lists the addresses of the host's interfaces but the dummy links'
 // (dsproxy's and kube-proxy's), for NodePorts and the node's own addresses
 // (nodeport.AddrLister): Service addresses are neither. It is one address dump,
@@ -613,9 +636,9 @@ func (HostAddrs) InterfaceAddrs() ([]netip.Addr, error) {
 			skip[l.Attrs().Index] = true
 		}
 	}
-	as, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	as, err := RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("listing the host's addresses: %w", err)
 	}
 	out := make([]netip.Addr, 0, len(as))
 	for _, a := range as {

@@ -1,8 +1,12 @@
 package ipvs
 
 import (
+	"errors"
+	"fmt"
 	"net/netip"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/dsproxy/dsproxy/pkg/family"
 )
@@ -23,6 +27,33 @@ func TestServiceFlags(t *testing.T) {
 		k := &Kernel{f: family.IPv4}
 		if got := k.mipvsService(c.s).Flags; got != c.want {
 			t.Errorf("%+v: flags %#x, want %#x", c.s, got, c.want)
+		}
+	}
+}
+
+// RetryDump reads a table again while the kernel says it changed under the
+// read, up to dumpAttempts times, and passes any other answer through at once.
+func TestRetryDump(t *testing.T) {
+	interrupted := fmt.Errorf("addresses: %w", netlink.ErrDumpInterrupted)
+	other := errors.New("EPERM")
+	for _, c := range []struct {
+		name      string
+		answers   []error // the dump's error on each call; the last repeats
+		wantCalls int
+		wantErr   error
+	}{
+		{"clean", []error{nil}, 1, nil},
+		{"interrupted twice", []error{interrupted, interrupted, nil}, 3, nil},
+		{"always interrupted", []error{interrupted}, dumpAttempts, netlink.ErrDumpInterrupted},
+		{"other error", []error{other}, 1, other},
+	} {
+		calls := 0
+		v, err := RetryDump(func() (int, error) {
+			calls++
+			return calls, c.answers[min(calls, len(c.answers))-1]
+		})
+		if calls != c.wantCalls || v != calls || !errors.Is(err, c.wantErr) || (c.wantErr == nil) != (err == nil) {
+			t.Errorf("%s: %d calls, answer %d, %v; want %d calls, the last answer, %v", c.name, calls, v, err, c.wantCalls, c.wantErr)
 		}
 	}
 }
