@@ -1488,14 +1488,16 @@ func (kp *kubeProxyProc) tail() string {
 // of day.
 var klogHeader = regexp.MustCompile(`^[IWEF](\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) `)
 
-// topologyChange waits up to within for kube-proxy to log that it hands the
-// node's topology labels (its zone) to its proxier, and returns when it logged
-// that. kube-proxy learns the zone from its Node informer alone, whose event
-// may come after its first sync. ok is false when no such line came.
-func (kp *kubeProxyProc) topologyChange(within time.Duration) (at time.Time, ok bool) {
+// topologyChange waits up to within for kube-proxy to log the n-th time it
+// hands the node's topology labels (its zone) to its proxier, and returns when
+// it logged that. kube-proxy learns the zone from its Node informer alone,
+// whose event may come after its first sync. ok is false when fewer than n
+// such lines came.
+func (kp *kubeProxyProc) topologyChange(within time.Duration, n int) (at time.Time, ok bool) {
 	deadline := time.Now().Add(within)
 	for {
 		data, _ := os.ReadFile(kp.log)
+		seen := 0
 		for line := range strings.Lines(string(data)) {
 			if !strings.Contains(line, "Calling handler.OnTopologyChange") {
 				continue
@@ -1513,7 +1515,9 @@ func (kp *kubeProxyProc) topologyChange(within time.Duration) (at time.Time, ok 
 			if at.After(now.Add(time.Hour)) { // logged last year, read after New Year
 				at = at.AddDate(-1, 0, 0)
 			}
-			return at, true
+			if seen++; seen == n {
+				return at, true
+			}
 		}
 		if time.Now().After(deadline) {
 			return time.Time{}, false
